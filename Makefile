@@ -1,0 +1,45 @@
+# The two commands: `make demo` and `make test`. Both set up everything they need on a fresh
+# Debian machine (system packages through apt-get when missing, a venv, the CPU build of torch).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SYSPKGS := fuse3 libfuse3-dev pkg-config
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint bench sysdeps venv clean
+
+sysdeps:
+	@missing=""; for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:$$missing"; \
+		if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install$$missing" >&2; exit 1; fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+# torch is installed first and pinned exactly so that nothing resolves a CUDA build.
+$(STAMP): pyproject.toml | sysdeps
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[torch,test,bench]'
+	touch $(STAMP)
+
+venv: sysdeps $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: venv lint
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+demo: venv
+	$(BIN)/python -m bench.demo
+
+bench: venv
+	$(BIN)/python -m bench.save_stall
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Object stores and moving data to them (the drain engine arrives with the drain issue)."""

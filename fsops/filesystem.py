@@ -1,0 +1,67 @@
+"""Assemble the filesystem from a cache directory: journal, cache files, recovery, operations."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from fsops.cache import CacheFiles
+from fsops.files import OpenFiles
+from fsops.inodes import InodeTable
+from fsops.journal import Journal, JournalError
+from fsops.names import KeyRules
+from fsops.namespace import Namespace
+from fsops.operations import Operations
+from fsops.recovery import RecoveryReport, recover
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FsOptions:
+    store_url: str
+    key_prefix: str = ""
+    reserve_bytes: int = 256 << 20
+    early_writeback: int = 8 << 20
+    writeback_cache: bool = True
+    attr_timeout: float = 1.0
+
+
+class Filesystem:
+    """Everything fsops owns for one cache directory, opened and recovered."""
+
+    def __init__(self, cache_dir: Path, opts: FsOptions) -> None:
+        self.journal = Journal(cache_dir / "journal.db")
+        try:
+            bound = self.journal.get_meta("store_url")
+            if bound is None:
+                self.journal.set_meta("store_url", opts.store_url)
+            elif bound != opts.store_url:
+                raise JournalError(
+                    f"cache dir {cache_dir} belongs to store {bound}, not {opts.store_url}; "
+                    "use another --cache-dir (its dirty data would go to the wrong store)"
+                )
+            self.cache = CacheFiles(cache_dir, opts.reserve_bytes, opts.early_writeback)
+        except BaseException:
+            self.journal.db.close()
+            raise
+        self.recovery: RecoveryReport = recover(self.journal, self.cache)
+        self.table = InodeTable(self.journal, self.cache)
+        self.namespace = Namespace(self.table, KeyRules(opts.key_prefix))
+        self.files = OpenFiles(self.table, opts.writeback_cache)
+        self.operations = Operations(
+            self.namespace,
+            self.files,
+            writeback_cache=opts.writeback_cache,
+            attr_timeout=opts.attr_timeout,
+        )
+
+    def close(self) -> None:
+        """Persist what is only in memory and mark the shutdown clean."""
+        self.table.persist_all()
+        with self.journal.transaction():
+            self.journal.set_meta("clean_shutdown", "1")
+        self.journal.barrier_sync()
+        self.cache.close()
+        self.journal.close()

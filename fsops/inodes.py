@@ -1,0 +1,168 @@
+"""Inodes in memory: the journal row plus what only lives while the kernel knows the inode.
+
+An inode stays in memory while the kernel holds lookups on it or a file handle is open. Size
+and times changed by ``write`` are kept here and written to the journal on flush, release,
+fsync and unmount; every other change is written through at once. After a daemon crash the
+size of a cached file is taken from its cache file, which is the truth for cached contents.
+
+Unlinked inodes that are still referenced become orphans (no name); their row and cache file
+go in :meth:`InodeTable.forget` (pyfuse3's rule: contents are freed in forget, not in unlink),
+or at the next mount if the daemon dies first.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from dataclasses import dataclass, field
+
+import trio
+
+from fsops.cache import CacheFiles
+from fsops.journal import ROOT_INODE, InodeRow, Journal, State
+
+log = logging.getLogger(__name__)
+
+
+def fs_error(code: int) -> OSError:
+    return OSError(code, os.strerror(code))
+
+
+@dataclass
+class Inode(InodeRow):
+    lookups: int = 0
+    opens: int = 0
+    writers: int = 0
+    fd: int = -1  # cache file descriptor while opens > 0
+    attrs_dirty: bool = False  # size/times changed since the journal row was written
+    entry_synced: bool = True  # the cache file's directory entry is durable
+    unsynced_bytes: int = 0  # written since the last early write-back kick
+    dirtying: trio.Event | None = field(default=None, repr=False)
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_reg(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+
+class InodeTable:
+    def __init__(self, journal: Journal, cache: CacheFiles) -> None:
+        self.journal = journal
+        self.cache = cache
+        self._mem: dict[int, Inode] = {}
+
+    def __len__(self) -> int:
+        return len(self._mem)
+
+    def get(self, inode: int) -> Inode:
+        ino = self._mem.get(inode)
+        if ino is not None:
+            return ino
+        row = self.journal.get(inode)
+        if row is None:
+            raise fs_error(errno.ENOENT)
+        return self._adopt(row)
+
+    def _adopt(self, row: InodeRow) -> Inode:
+        ino = self._mem.get(row.id)
+        if ino is None:
+            ino = Inode(**vars(row))
+            self._mem[row.id] = ino
+        return ino
+
+    def lookup(self, parent: int, name: bytes) -> Inode | None:
+        """The child of ``parent`` called ``name``, without touching lookup counts."""
+        row = self.journal.lookup(parent, name)
+        return None if row is None else self._adopt(row)
+
+    def adopt_new(self, row: InodeRow) -> Inode:
+        row.id = self.journal.insert(row)
+        return self._adopt(row)
+
+    def children(self, parent: int, after: int, limit: int) -> list[InodeRow]:
+        """Directory entries after ``after``; the in-memory inode where there is one (its size
+        and times are fresher). Use :meth:`adopt` for entries handed to the kernel."""
+        return [self._mem.get(r.id, r) for r in self.journal.children(parent, after, limit)]
+
+    def adopt(self, row: InodeRow) -> Inode:
+        return row if isinstance(row, Inode) else self._adopt(row)
+
+    # -- references ------------------------------------------------------------------------------
+
+    def forget(self, inode: int, nlookup: int) -> None:
+        ino = self._mem.get(inode)
+        if ino is None:
+            return
+        ino.lookups = max(0, ino.lookups - nlookup)
+        self.release_if_unused(ino)
+
+    def release_if_unused(self, ino: Inode) -> None:
+        if ino.lookups > 0 or ino.opens > 0 or ino.id == ROOT_INODE:
+            return
+        del self._mem[ino.id]
+        if ino.parent is None:
+            self.destroy(ino.id)
+        elif ino.attrs_dirty:
+            self.persist(ino)
+
+    def unlink(self, ino: Inode) -> bool:
+        """Remove the name in the journal; delete the row too if nothing references the inode.
+
+        Returns True when the row went: the caller removes the cache file after its
+        transaction commits, so a rolled-back transaction never loses content."""
+        ino.parent, ino.name = None, None
+        if ino.lookups > 0 or ino.opens > 0:
+            self.journal.set_name(ino.id, None, None)
+            return False
+        self._mem.pop(ino.id, None)
+        self.journal.delete(ino.id)
+        return True
+
+    def destroy(self, inode: int) -> None:
+        self.journal.delete(inode)
+        self.cache.remove(inode)
+
+    # -- persistence -----------------------------------------------------------------------------
+
+    def persist(self, ino: Inode) -> None:
+        self.journal.update_attrs(ino)
+        ino.attrs_dirty = False
+
+    def persist_all(self) -> None:
+        for ino in list(self._mem.values()):
+            if ino.attrs_dirty:
+                self.persist(ino)
+
+    async def ensure_dirty(self, ino: Inode) -> None:
+        """Make a content change safe to start: the journal durably says dirty, with a new
+        generation, before the cache file differs from what the store has (or is uploading)."""
+        while ino.dirtying is not None:
+            await ino.dirtying.wait()
+        if ino.state is State.DIRTY:
+            return
+        ino.dirtying = trio.Event()
+        try:
+            ino.state = State.DIRTY
+            ino.generation += 1
+            self.persist(ino)
+            await self.journal.barrier()
+        finally:
+            ino.dirtying.set()
+            ino.dirtying = None
+
+    def open_fd(self, ino: Inode) -> int:
+        if ino.fd < 0:
+            ino.fd = self.cache.open(ino.id)
+        ino.opens += 1
+        return ino.fd
+
+    def close_fd(self, ino: Inode) -> None:
+        ino.opens -= 1
+        if ino.opens == 0 and ino.fd >= 0:
+            os.close(ino.fd)
+            ino.fd = -1

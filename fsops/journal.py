@@ -1,0 +1,365 @@
+"""The metadata journal: namespace, per-file state and xattrs in one SQLite database (WAL).
+
+Every SQL statement of the project lives in this module. Callers get plain rows back.
+
+Durability model
+----------------
+The connection runs with ``synchronous=NORMAL``: a commit reaches the WAL file in the OS page
+cache, so it survives a crash of the daemon (``kill -9``) but not yet a power loss.
+:meth:`Journal.barrier` makes every commit so far durable by fsyncing the WAL; ``fsync`` and
+``fsyncdir`` of the filesystem call it, which is what makes their promise hold. SQLite
+guarantees that frames moved out of the WAL by a checkpoint are fsynced in the main database
+before the WAL is reused, so fsyncing the WAL covers every earlier commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import sqlite3
+import stat
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+SCHEMA_VERSION = 1
+ROOT_INODE = 1
+
+
+class State(enum.StrEnum):
+    """Per-file state; see ARCHITECTURE.md for the transitions and invariants."""
+
+    DIRTY = "dirty"  # the cache holds content the store lacks
+    UPLOADING = "uploading"  # an upload of `generation` is under way
+    CLEAN = "clean"  # the object under the current path has this generation's content
+    REMOTE = "remote"  # known from the store, not in the cache
+
+
+class JournalError(Exception):
+    """The journal cannot be used (wrong store, newer schema, corrupt)."""
+
+
+@dataclass
+class InodeRow:
+    id: int
+    parent: int | None
+    name: bytes | None
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    target: bytes | None
+    state: State
+    generation: int
+
+
+_INODE_COLS = (
+    "id, parent, name, mode, uid, gid, size, atime_ns, mtime_ns, ctime_ns, target, state, "
+    "generation"
+)
+
+
+_IS_DIR = f"(mode & {stat.S_IFMT(0xFFFFFFFF)}) = {stat.S_IFDIR}"
+_IS_REG = f"(mode & {stat.S_IFMT(0xFFFFFFFF)}) = {stat.S_IFREG}"
+
+
+def _row(r: tuple[object, ...]) -> InodeRow:
+    row = InodeRow(*r)  # type: ignore[arg-type]
+    row.state = State(row.state)
+    return row
+
+
+def create_tables(db: sqlite3.Connection) -> None:
+    """Create the schema. Sentinels: ``parent IS NULL`` marks the root (id 1) and inodes that
+    were unlinked while still open or looked up (orphans, freed in ``forget`` or at the next
+    mount); ``target`` is only set for symlinks."""
+    statement = ""
+    for line in _SCHEMA.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            db.execute(statement)
+            statement = ""
+
+
+_SCHEMA = """
+        -- Key/value facts about this cache: schema_version, store_url, clean_shutdown (0/1).
+        CREATE TABLE meta (
+            key   TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        );
+
+        -- One row per inode. Hard links are not supported (EPERM), so every inode has at most
+        -- one name and the namespace lives in the same row: (parent, name).
+        CREATE TABLE inodes (
+            id         INTEGER PRIMARY KEY,   -- FUSE inode number; 1 is the root
+            parent     INTEGER,               -- NULL: root or orphan (see above)
+            name       BLOB,                  -- one path component, bytes as given by the kernel
+            mode       INTEGER NOT NULL,      -- st_mode including the file type bits
+            uid        INTEGER NOT NULL,
+            gid        INTEGER NOT NULL,
+            size       INTEGER NOT NULL DEFAULT 0,
+            atime_ns   INTEGER NOT NULL,
+            mtime_ns   INTEGER NOT NULL,
+            ctime_ns   INTEGER NOT NULL,
+            target     BLOB,                  -- symlink target, NULL otherwise
+            state      TEXT NOT NULL,         -- dirty | uploading | clean | remote (State)
+            generation INTEGER NOT NULL DEFAULT 1, -- bumped on every transition into dirty
+            UNIQUE (parent, name)
+        );
+        -- readdir walks a directory in inode-number order: offsets stay stable while entries
+        -- are added or removed, and a rename never moves an entry within its directory.
+        CREATE INDEX inodes_by_parent ON inodes (parent, id);
+
+        CREATE TABLE xattrs (
+            inode INTEGER NOT NULL,
+            name  BLOB NOT NULL,
+            value BLOB NOT NULL,
+            PRIMARY KEY (inode, name)
+        ) WITHOUT ROWID;
+"""
+
+
+class Journal:
+    """Owner of the SQLite connection. Used from the trio thread only."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA foreign_keys=OFF")
+        self.db.execute("PRAGMA journal_size_limit=67108864")
+        fresh = not self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone()
+        if fresh:
+            with self.transaction():
+                create_tables(self.db)
+                now = time.time_ns()
+                self.db.execute(
+                    f"INSERT INTO inodes ({_INODE_COLS}) "
+                    "VALUES (?, NULL, NULL, ?, ?, ?, 0, ?, ?, ?, NULL, ?, 1)",
+                    (ROOT_INODE, 0o40755, os.getuid(), os.getgid(), now, now, now, State.CLEAN),
+                )
+                self.db.executemany(
+                    "INSERT INTO meta VALUES (?, ?)",
+                    [("schema_version", str(SCHEMA_VERSION)), ("clean_shutdown", "1")],
+                )
+        version = int(self.get_meta("schema_version") or 0)
+        if version != SCHEMA_VERSION:
+            raise JournalError(
+                f"journal {path} has schema version {version}, this ckptgw reads {SCHEMA_VERSION}"
+            )
+        # The WAL exists from the first commit on and is never deleted while we hold the
+        # connection open (it is only truncated), so one descriptor serves every barrier.
+        self._wal_fd = os.open(f"{path}-wal", os.O_RDONLY | os.O_CREAT, 0o600)
+
+    # -- transactions and durability ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    async def barrier(self) -> None:
+        """Return once every commit so far is on stable storage."""
+        await trio.to_thread.run_sync(os.fsync, self._wal_fd)
+
+    def barrier_sync(self) -> None:
+        os.fsync(self._wal_fd)
+
+    def close(self) -> None:
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        os.close(self._wal_fd)
+        self.db.close()
+
+    # -- meta ----------------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        r = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if r is None else str(r[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    # -- inodes ----------------------------------------------------------------------------------
+
+    def get(self, inode: int) -> InodeRow | None:
+        r = self.db.execute(f"SELECT {_INODE_COLS} FROM inodes WHERE id = ?", (inode,)).fetchone()
+        return None if r is None else _row(r)
+
+    def lookup(self, parent: int, name: bytes) -> InodeRow | None:
+        r = self.db.execute(
+            f"SELECT {_INODE_COLS} FROM inodes WHERE parent = ? AND name = ?", (parent, name)
+        ).fetchone()
+        return None if r is None else _row(r)
+
+    def insert(self, row: InodeRow) -> int:
+        """Insert a new inode (``row.id`` is ignored) and return its number."""
+        cur = self.db.execute(
+            "INSERT INTO inodes (parent, name, mode, uid, gid, size, atime_ns, mtime_ns, "
+            "ctime_ns, target, state, generation) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                row.parent,
+                row.name,
+                row.mode,
+                row.uid,
+                row.gid,
+                row.size,
+                row.atime_ns,
+                row.mtime_ns,
+                row.ctime_ns,
+                row.target,
+                row.state,
+                row.generation,
+            ),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def update_attrs(self, row: InodeRow) -> None:
+        self.db.execute(
+            "UPDATE inodes SET mode=?, uid=?, gid=?, size=?, atime_ns=?, mtime_ns=?, ctime_ns=?, "
+            "state=?, generation=? WHERE id=?",
+            (
+                row.mode,
+                row.uid,
+                row.gid,
+                row.size,
+                row.atime_ns,
+                row.mtime_ns,
+                row.ctime_ns,
+                row.state,
+                row.generation,
+                row.id,
+            ),
+        )
+
+    def set_name(self, inode: int, parent: int | None, name: bytes | None) -> None:
+        """Move an inode to (parent, name); (None, None) makes it an orphan."""
+        self.db.execute("UPDATE inodes SET parent=?, name=? WHERE id=?", (parent, name, inode))
+
+    def touch_dir(self, inode: int, now_ns: int) -> None:
+        self.db.execute(
+            "UPDATE inodes SET mtime_ns=?, ctime_ns=? WHERE id=?", (now_ns, now_ns, inode)
+        )
+
+    def delete(self, inode: int) -> None:
+        self.db.execute("DELETE FROM xattrs WHERE inode = ?", (inode,))
+        self.db.execute("DELETE FROM inodes WHERE id = ?", (inode,))
+
+    def has_children(self, inode: int) -> bool:
+        return (
+            self.db.execute("SELECT 1 FROM inodes WHERE parent = ? LIMIT 1", (inode,)).fetchone()
+            is not None
+        )
+
+    def count_subdirs(self, inode: int) -> int:
+        r = self.db.execute(
+            f"SELECT count(*) FROM inodes WHERE parent = ? AND {_IS_DIR}",
+            (inode,),
+        ).fetchone()
+        return int(r[0])
+
+    def children(self, parent: int, after: int, limit: int) -> list[InodeRow]:
+        rows = self.db.execute(
+            f"SELECT {_INODE_COLS} FROM inodes WHERE parent = ? AND id > ? ORDER BY id LIMIT ?",
+            (parent, after, limit),
+        ).fetchall()
+        return [_row(r) for r in rows]
+
+    def path_components(self, inode: int) -> list[bytes]:
+        """The names from the root down to ``inode`` (empty for the root)."""
+        rows = self.db.execute(
+            """
+            WITH RECURSIVE up(id, parent, name, depth) AS (
+                SELECT id, parent, name, 0 FROM inodes WHERE id = ?
+                UNION ALL
+                SELECT i.id, i.parent, i.name, up.depth + 1
+                  FROM inodes i JOIN up ON i.id = up.parent
+            )
+            SELECT name FROM up WHERE parent IS NOT NULL ORDER BY depth DESC
+            """,
+            (inode,),
+        ).fetchall()
+        return [bytes(r[0]) for r in rows]
+
+    def is_ancestor(self, ancestor: int, inode: int) -> bool:
+        """True if ``ancestor`` is ``inode`` or one of its parent directories."""
+        r = self.db.execute(
+            """
+            WITH RECURSIVE up(id, parent) AS (
+                SELECT id, parent FROM inodes WHERE id = ?
+                UNION ALL
+                SELECT i.id, i.parent FROM inodes i JOIN up ON i.id = up.parent
+            )
+            SELECT 1 FROM up WHERE id = ? LIMIT 1
+            """,
+            (inode, ancestor),
+        ).fetchone()
+        return r is not None
+
+    def longest_suffix(self, inode: int) -> int:
+        """Bytes that the deepest descendant adds to this inode's path ("/a/b" -> 4)."""
+        r = self.db.execute(
+            """
+            WITH RECURSIVE sub(id, len) AS (
+                SELECT id, 0 FROM inodes WHERE id = ?
+                UNION ALL
+                SELECT i.id, sub.len + 1 + length(i.name)
+                  FROM inodes i JOIN sub ON i.parent = sub.id
+            )
+            SELECT max(len) FROM sub
+            """,
+            (inode,),
+        ).fetchone()
+        return int(r[0] or 0)
+
+    def orphans(self) -> list[int]:
+        rows = self.db.execute(
+            "SELECT id FROM inodes WHERE parent IS NULL AND id != ?", (ROOT_INODE,)
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def regular_files(self) -> list[InodeRow]:
+        rows = self.db.execute(
+            f"SELECT {_INODE_COLS} FROM inodes WHERE {_IS_REG}"
+        ).fetchall()
+        return [_row(r) for r in rows]
+
+    def totals_by_state(self) -> dict[State, tuple[int, int]]:
+        """(files, bytes) per state, regular files only."""
+        rows = self.db.execute(
+            "SELECT state, count(*), coalesce(sum(size), 0) FROM inodes "
+            f"WHERE {_IS_REG} GROUP BY state"
+        ).fetchall()
+        return {State(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+    # -- xattrs --------------------------------------------------------------------------------
+
+    def get_xattr(self, inode: int, name: bytes) -> bytes | None:
+        r = self.db.execute(
+            "SELECT value FROM xattrs WHERE inode = ? AND name = ?", (inode, name)
+        ).fetchone()
+        return None if r is None else bytes(r[0])
+
+    def set_xattr(self, inode: int, name: bytes, value: bytes) -> None:
+        self.db.execute("INSERT OR REPLACE INTO xattrs VALUES (?, ?, ?)", (inode, name, value))
+
+    def list_xattrs(self, inode: int) -> Sequence[bytes]:
+        rows = self.db.execute("SELECT name FROM xattrs WHERE inode = ? ORDER BY name", (inode,))
+        return [bytes(r[0]) for r in rows]
+
+    def remove_xattr(self, inode: int, name: bytes) -> bool:
+        cur = self.db.execute("DELETE FROM xattrs WHERE inode = ? AND name = ?", (inode, name))
+        return cur.rowcount > 0

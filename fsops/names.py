@@ -1,0 +1,34 @@
+"""Which names the filesystem accepts: only names that can become object keys.
+
+A path in the mount becomes the object key ``prefix + path``. S3 keys are UTF-8 and at most
+1,024 bytes, so a name that is not UTF-8, or a path whose key would be longer, is refused when
+it is created (create, mkdir, symlink, mknod, rename) instead of failing later in the drain.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from fsops.inodes import fs_error
+
+NAME_MAX = 255
+KEY_MAX = 1024
+
+
+class KeyRules:
+    def __init__(self, prefix: str) -> None:
+        self.prefix_len = len(prefix.encode())
+
+    def check_name(self, name: bytes) -> None:
+        if len(name) > NAME_MAX:
+            raise fs_error(errno.ENAMETOOLONG)
+        try:
+            name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise fs_error(errno.EILSEQ) from None
+
+    def check_key(self, parent_components: list[bytes], name: bytes, subtree: int = 0) -> None:
+        """Refuse ``parent/name`` (plus ``subtree`` bytes of descendants) if its key is too long."""
+        path_len = sum(len(c) + 1 for c in parent_components) + len(name) + subtree
+        if self.prefix_len + path_len > KEY_MAX:
+            raise fs_error(errno.ENAMETOOLONG)

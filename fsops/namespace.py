@@ -1,0 +1,316 @@
+"""Names and attributes: lookup, create, mkdir, symlink, unlink, rmdir, rename, setattr, xattrs.
+
+Each operation validates first, then changes the journal in one transaction, then frees cache
+files of inodes it destroyed (a crash in between leaves only cache files without a row, which
+recovery removes). Errors are raised as OSError with an errno; the FUSE layer translates them.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyfuse3
+
+from fsops.inodes import Inode, InodeTable, fs_error
+from fsops.journal import InodeRow, Journal, State
+from fsops.names import KeyRules
+
+
+class Caller(Protocol):
+    """The parts of pyfuse3.RequestContext we use (a plain object works in tests)."""
+
+    @property
+    def uid(self) -> int: ...
+    @property
+    def gid(self) -> int: ...
+    @property
+    def umask(self) -> int: ...
+
+
+@dataclass
+class AttrChange:
+    """What setattr changes; None means unchanged. Times are in nanoseconds."""
+
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    size: int | None = None
+    atime_ns: int | None = None
+    mtime_ns: int | None = None
+    ctime_ns: int | None = None
+
+
+class Namespace:
+    def __init__(self, table: InodeTable, rules: KeyRules) -> None:
+        self.table = table
+        self.journal: Journal = table.journal
+        self.rules = rules
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def lookup(self, parent: int, name: bytes) -> Inode:
+        """Resolve a name and take one kernel lookup reference on the result."""
+        if name == b".":
+            ino = self.table.get(parent)
+        elif name == b"..":
+            p = self.table.get(parent)
+            ino = self.table.get(p.parent if p.parent is not None else parent)
+        else:
+            if len(name) > 255:
+                raise fs_error(errno.ENAMETOOLONG)
+            found = self.table.lookup(parent, name)
+            if found is None:
+                raise fs_error(errno.ENOENT)
+            ino = found
+        ino.lookups += 1
+        return ino
+
+    def nlink(self, ino: InodeRow) -> int:
+        if ino.parent is None and ino.id != 1:
+            return 0
+        if stat.S_ISDIR(ino.mode):
+            return 2 + self.journal.count_subdirs(ino.id)
+        return 1
+
+    # -- creating names --------------------------------------------------------------------------
+
+    def _dir(self, inode: int) -> Inode:
+        d = self.table.get(inode)
+        if not d.is_dir:
+            raise fs_error(errno.ENOTDIR)
+        if d.parent is None and d.id != 1:
+            raise fs_error(errno.ENOENT)  # the directory was removed while in use
+        return d
+
+    def _check_new(self, parent: Inode, name: bytes) -> None:
+        self.rules.check_name(name)
+        if self.table.lookup(parent.id, name) is not None:
+            raise fs_error(errno.EEXIST)
+        self.rules.check_key(self.journal.path_components(parent.id), name)
+
+    def _new_row(self, parent: Inode, name: bytes, mode: int, caller: Caller) -> InodeRow:
+        now = time.time_ns()
+        gid = caller.gid
+        if parent.mode & stat.S_ISGID:  # BSD group semantics in set-gid directories
+            gid = parent.gid
+            if stat.S_ISDIR(mode):
+                mode |= stat.S_ISGID
+        return InodeRow(
+            id=0,
+            parent=parent.id,
+            name=name,
+            mode=mode,
+            uid=caller.uid,
+            gid=gid,
+            size=0,
+            atime_ns=now,
+            mtime_ns=now,
+            ctime_ns=now,
+            target=None,
+            state=State.DIRTY if stat.S_ISREG(mode) else State.CLEAN,
+            generation=1,
+        )
+
+    def _link_new(self, parent: Inode, row: InodeRow) -> Inode:
+        with self.journal.transaction():
+            ino = self.table.adopt_new(row)
+            self.journal.touch_dir(parent.id, row.ctime_ns)
+        parent.mtime_ns = parent.ctime_ns = row.ctime_ns
+        ino.lookups += 1
+        return ino
+
+    def mkdir(self, parent_id: int, name: bytes, mode: int, caller: Caller) -> Inode:
+        parent = self._dir(parent_id)
+        self._check_new(parent, name)
+        mode = stat.S_IFDIR | (mode & ~caller.umask & 0o7777)
+        return self._link_new(parent, self._new_row(parent, name, mode, caller))
+
+    def symlink(self, parent_id: int, name: bytes, target: bytes, caller: Caller) -> Inode:
+        parent = self._dir(parent_id)
+        self._check_new(parent, name)
+        row = self._new_row(parent, name, stat.S_IFLNK | 0o777, caller)
+        row.target, row.size = target, len(target)
+        return self._link_new(parent, row)
+
+    def create_file(self, parent_id: int, name: bytes, mode: int, caller: Caller) -> Inode:
+        """A new regular file with an empty cache file; dirty from the start."""
+        parent = self._dir(parent_id)
+        self._check_new(parent, name)
+        if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
+            raise fs_error(errno.EPERM)  # devices, FIFOs and sockets cannot be drained
+        mode = stat.S_IFREG | (mode & ~caller.umask & 0o7777)
+        row = self._new_row(parent, name, mode, caller)
+        with self.journal.transaction():
+            row.id = self.journal.insert(row)
+            self.table.cache.create(row.id)
+            self.journal.touch_dir(parent.id, row.ctime_ns)
+        parent.mtime_ns = parent.ctime_ns = row.ctime_ns
+        ino = self.table.get(row.id)
+        ino.entry_synced = False
+        ino.lookups += 1
+        return ino
+
+    # -- removing names --------------------------------------------------------------------------
+
+    def unlink(self, parent_id: int, name: bytes) -> None:
+        parent = self._dir(parent_id)
+        ino = self._existing(parent, name)
+        if ino.is_dir:
+            raise fs_error(errno.EISDIR)
+        self._remove(parent, ino)
+
+    def rmdir(self, parent_id: int, name: bytes) -> None:
+        parent = self._dir(parent_id)
+        ino = self._existing(parent, name)
+        if not ino.is_dir:
+            raise fs_error(errno.ENOTDIR)
+        if self.journal.has_children(ino.id):
+            raise fs_error(errno.ENOTEMPTY)
+        self._remove(parent, ino)
+
+    def _existing(self, parent: Inode, name: bytes) -> Inode:
+        ino = self.table.lookup(parent.id, name)
+        if ino is None:
+            raise fs_error(errno.ENOENT)
+        return ino
+
+    def _remove(self, parent: Inode, ino: Inode) -> None:
+        now = time.time_ns()
+        with self.journal.transaction():
+            freed = self.table.unlink(ino)
+            self.journal.touch_dir(parent.id, now)
+        parent.mtime_ns = parent.ctime_ns = now
+        if freed:
+            self.table.cache.remove(ino.id)
+
+    # -- rename ------------------------------------------------------------------------------------
+
+    def rename(
+        self, old_parent_id: int, old_name: bytes, new_parent_id: int, new_name: bytes, flags: int
+    ) -> None:
+        old_parent = self._dir(old_parent_id)
+        new_parent = self._dir(new_parent_id)
+        src = self._existing(old_parent, old_name)
+        self.rules.check_name(new_name)
+        dst = self.table.lookup(new_parent.id, new_name)
+        exchange = bool(flags & pyfuse3.RENAME_EXCHANGE)
+        if flags & pyfuse3.RENAME_NOREPLACE and dst is not None:
+            raise fs_error(errno.EEXIST)
+        if exchange and dst is None:
+            raise fs_error(errno.ENOENT)
+        if dst is src:
+            return
+        if src.is_dir and self.journal.is_ancestor(src.id, new_parent.id):
+            raise fs_error(errno.EINVAL)
+        if (
+            exchange
+            and dst is not None
+            and dst.is_dir
+            and self.journal.is_ancestor(dst.id, old_parent.id)
+        ):
+            raise fs_error(errno.EINVAL)
+        if dst is not None and not exchange:
+            if src.is_dir and not dst.is_dir:
+                raise fs_error(errno.ENOTDIR)
+            if not src.is_dir and dst.is_dir:
+                raise fs_error(errno.EISDIR)
+            if dst.is_dir and self.journal.has_children(dst.id):
+                raise fs_error(errno.ENOTEMPTY)
+        self._check_moved_key(src, new_parent, new_name)
+        if exchange and dst is not None:
+            self._check_moved_key(dst, old_parent, old_name)
+
+        now = time.time_ns()
+        freed = False
+        with self.journal.transaction():
+            if exchange and dst is not None:
+                self.journal.set_name(dst.id, None, None)  # free (new_parent, new_name) first
+                self.journal.set_name(src.id, new_parent.id, new_name)
+                self.journal.set_name(dst.id, old_parent.id, old_name)
+                dst.parent, dst.name, dst.ctime_ns = old_parent.id, old_name, now
+            elif dst is not None:
+                freed = self.table.unlink(dst)
+                self.journal.set_name(src.id, new_parent.id, new_name)
+            else:
+                self.journal.set_name(src.id, new_parent.id, new_name)
+            src.parent, src.name, src.ctime_ns = new_parent.id, new_name, now
+            for d in {old_parent.id: old_parent, new_parent.id: new_parent}.values():
+                self.journal.touch_dir(d.id, now)
+                d.mtime_ns = d.ctime_ns = now
+        if freed and dst is not None:
+            self.table.cache.remove(dst.id)
+
+    def _check_moved_key(self, ino: Inode, new_parent: Inode, new_name: bytes) -> None:
+        subtree = self.journal.longest_suffix(ino.id) if ino.is_dir else 0
+        self.rules.check_key(self.journal.path_components(new_parent.id), new_name, subtree)
+
+    # -- attributes ------------------------------------------------------------------------------
+
+    async def setattr(self, inode: int, change: AttrChange) -> Inode:
+        ino = self.table.get(inode)
+        now = time.time_ns()
+        if change.size is not None and change.size != ino.size:
+            if not ino.is_reg:
+                raise fs_error(errno.EINVAL)
+            await self.table.ensure_dirty(ino)
+            if ino.fd >= 0:
+                self.table.cache.check_room(ino.fd, max(0, change.size - ino.size))
+                os.ftruncate(ino.fd, change.size)
+            else:
+                self.table.cache.truncate(ino.id, change.size)
+            ino.size = change.size
+            ino.mtime_ns = now
+        if change.mode is not None:
+            ino.mode = stat.S_IFMT(ino.mode) | (change.mode & 0o7777)
+        if change.uid is not None:
+            ino.uid = change.uid
+        if change.gid is not None:
+            ino.gid = change.gid
+        if change.atime_ns is not None:
+            ino.atime_ns = change.atime_ns
+        if change.mtime_ns is not None:
+            ino.mtime_ns = change.mtime_ns
+        ino.ctime_ns = change.ctime_ns if change.ctime_ns is not None else now
+        self.table.persist(ino)
+        return ino
+
+    def readlink(self, inode: int) -> bytes:
+        ino = self.table.get(inode)
+        if ino.target is None:
+            raise fs_error(errno.EINVAL)
+        return ino.target
+
+    # -- extended attributes -------------------------------------------------------------------
+    # Stored in the journal, local to this cache. "system.*" (POSIX ACLs) is refused: the
+    # kernel would not enforce ACLs here (no enable_acl), so accepting them would mislead.
+
+    @staticmethod
+    def _check_xattr_name(name: bytes) -> None:
+        if name.startswith(b"system."):
+            raise fs_error(errno.ENOTSUP)
+
+    def getxattr(self, inode: int, name: bytes) -> bytes:
+        value = self.journal.get_xattr(self.table.get(inode).id, name)
+        if value is None:
+            raise fs_error(pyfuse3.ENOATTR)
+        return value
+
+    def setxattr(self, inode: int, name: bytes, value: bytes) -> None:
+        self._check_xattr_name(name)
+        ino = self.table.get(inode)
+        ino.ctime_ns = time.time_ns()
+        with self.journal.transaction():
+            self.journal.set_xattr(ino.id, name, value)
+            self.journal.update_attrs(ino)
+
+    def listxattr(self, inode: int) -> list[bytes]:
+        return list(self.journal.list_xattrs(self.table.get(inode).id))
+
+    def removexattr(self, inode: int, name: bytes) -> None:
+        if not self.journal.remove_xattr(self.table.get(inode).id, name):
+            raise fs_error(pyfuse3.ENOATTR)

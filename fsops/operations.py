@@ -1,0 +1,259 @@
+"""The pyfuse3 ``Operations``: thin handlers over Namespace and OpenFiles.
+
+Errors are translated in exactly one place, :func:`_translate`, applied to every handler by
+:func:`_fuse_boundary`: an ``OSError`` becomes ``FUSEError(errno)``, a full journal becomes
+ENOSPC, anything else is logged with its traceback and becomes EIO. A handler that let any
+other exception escape would end ``pyfuse3.main()`` and with it the mount.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import inspect
+import logging
+import sqlite3
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import pyfuse3
+
+from fsops.files import OpenFiles
+from fsops.journal import InodeRow
+from fsops.namespace import AttrChange, Caller, Namespace
+
+log = logging.getLogger(__name__)
+
+_F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
+_C = TypeVar("_C", bound=type)
+
+
+def _translate(fn: _F) -> _F:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as e:
+            raise pyfuse3.FUSEError(e.errno or errno.EIO) from None
+        except sqlite3.OperationalError as e:
+            if "full" in str(e):
+                raise pyfuse3.FUSEError(errno.ENOSPC) from None
+            log.exception("journal error in %s", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _fuse_boundary(cls: _C) -> _C:
+    """Wrap every request handler the class defines with :func:`_translate`."""
+    for name, fn in list(vars(cls).items()):
+        if not name.startswith("_") and inspect.iscoroutinefunction(fn):
+            setattr(cls, name, _translate(fn))
+    return cls
+
+
+@_fuse_boundary
+class Operations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_acl = False
+
+    def __init__(
+        self,
+        namespace: Namespace,
+        files: OpenFiles,
+        *,
+        writeback_cache: bool = True,
+        attr_timeout: float = 1.0,
+        blksize: int = 1 << 20,
+    ) -> None:
+        super().__init__()
+        self.ns = namespace
+        self.files = files
+        self.table = namespace.table
+        self.enable_writeback_cache = writeback_cache
+        self.attr_timeout = attr_timeout
+        self.blksize = blksize
+
+    def attrs(self, ino: InodeRow) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino.id
+        a.generation = 0
+        a.entry_timeout = a.attr_timeout = self.attr_timeout
+        a.st_mode = ino.mode
+        a.st_nlink = self.ns.nlink(ino)
+        a.st_uid = ino.uid
+        a.st_gid = ino.gid
+        a.st_rdev = 0
+        a.st_size = ino.size
+        a.st_blksize = self.blksize
+        a.st_blocks = (ino.size + 511) // 512
+        a.st_atime_ns = ino.atime_ns
+        a.st_mtime_ns = ino.mtime_ns
+        a.st_ctime_ns = ino.ctime_ns
+        return a
+
+    # -- names -----------------------------------------------------------------------------------
+
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        return self.attrs(self.ns.lookup(parent_inode, name))
+
+    async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
+        for inode, nlookup in inode_list:
+            self.table.forget(inode, nlookup)
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self.attrs(self.table.get(inode))
+
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        change = AttrChange(
+            mode=attr.st_mode if fields.update_mode else None,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None,
+            size=attr.st_size if fields.update_size else None,
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+            ctime_ns=attr.st_ctime_ns if fields.update_ctime else None,
+        )
+        return self.attrs(await self.ns.setattr(inode, change))
+
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        return self.ns.readlink(inode)
+
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        return self.attrs(self.ns.create_file(parent_inode, name, mode, _caller(ctx)))
+
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        return self.attrs(self.ns.mkdir(parent_inode, name, mode, _caller(ctx)))
+
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        return self.attrs(self.ns.symlink(parent_inode, name, target, _caller(ctx)))
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self.ns.unlink(parent_inode, name)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self.ns.rmdir(parent_inode, name)
+
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        self.ns.rename(parent_inode_old, name_old, parent_inode_new, name_new, flags)
+
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        # One inode, one name: an object store has no hard links (see ARCHITECTURE.md).
+        raise pyfuse3.FUSEError(errno.EPERM)
+
+    # -- files -----------------------------------------------------------------------------------
+
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        ino = self.ns.create_file(parent_inode, name, mode, _caller(ctx))
+        fh = await self.files.open(ino, flags)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self.attrs(ino)
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        fh = await self.files.open(self.table.get(inode), flags)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return self.files.read(fh, off, size)
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return await self.files.write(fh, off, buf)
+
+    async def flush(self, fh: int) -> None:
+        self.files.flush(fh)
+
+    async def release(self, fh: int) -> None:
+        self.files.release(fh)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self.files.fsync(fh, datasync)
+
+    # -- directories -----------------------------------------------------------------------------
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        if not self.table.get(inode).is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        after = start_id
+        while batch := self.table.children(fh, after, 512):
+            for row in batch:
+                assert row.name is not None
+                if not pyfuse3.readdir_reply(token, row.name, self.attrs(row), row.id):
+                    return
+                self.table.adopt(row).lookups += 1  # readdirplus takes a lookup reference
+                after = row.id
+
+    async def releasedir(self, fh: int) -> None:
+        pass
+
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        await self.table.journal.barrier()
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        space = self.table.cache.space()
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = space.block_size
+        s.f_blocks = space.total_blocks
+        s.f_bfree = space.free_blocks
+        s.f_bavail = space.avail_blocks
+        s.f_files = space.files
+        s.f_ffree = s.f_favail = space.free_files
+        s.f_namemax = 255
+        return s
+
+    async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
+        self.table.get(inode)
+        return True  # the kernel checks permissions itself (default_permissions)
+
+    # -- extended attributes -----------------------------------------------------------------------
+
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        return self.ns.getxattr(inode, name)
+
+    async def setxattr(
+        self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext
+    ) -> None:
+        self.ns.setxattr(inode, name, value)
+
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
+        return self.ns.listxattr(inode)
+
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        self.ns.removexattr(inode, name)
+
+
+def _caller(ctx: pyfuse3.RequestContext) -> Caller:
+    return ctx

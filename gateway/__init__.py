@@ -1,0 +1,1 @@
+"""The daemon, its configuration and the ``ckptgw`` command line."""

@@ -1,0 +1,147 @@
+"""Configuration: defaults, then a TOML file, then command-line flags (last one wins).
+
+Example (every key optional)::
+
+    [store]
+    url = "s3://my-bucket/checkpoints"
+    endpoint_url = "http://127.0.0.1:9000"
+
+    [cache]
+    dir = "/nvme/ckptgw"
+    reserve = "1GiB"          # kept free on the cache disk; writes get ENOSPC before it
+    early_writeback = "8MiB"  # start writing a file's pages to disk every N bytes; 0 = off
+
+    [mount]
+    allow_other = false
+    attr_timeout = 1.0
+    writeback_cache = true    # the kernel's write-back cache for the mount
+
+    [log]
+    level = "info"
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from drain.storeurl import StoreURL, StoreURLError, parse_store_url
+from gateway.errors import UserError
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(value: object, what: str) -> int:
+    """Bytes from an int or a string like "256MiB", "1G", "4096"."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise UserError(f"config: {what} = {value!r} is not a size (e.g. 512MiB, 2GiB, 4096)")
+    unit = (m.group(2) or "").upper()[:1]
+    return int(m.group(1)) * _UNITS[unit]
+
+
+def _escape_path(path: Path) -> str:
+    """A file name for a mountpoint, like systemd-escape --path: /mnt/ckpt -> mnt-ckpt."""
+    text = str(path).strip("/") or "root"
+    return re.sub(r"[^A-Za-z0-9_.]", "-", text)
+
+
+def data_home() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/ckptgw")
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local/share")) / "ckptgw"
+
+
+def cache_home() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/cache/ckptgw")
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ckptgw"
+
+
+@dataclass
+class Config:
+    mountpoint: Path
+    store: StoreURL
+    cache_dir: Path
+    endpoint_url: str | None = None
+    allow_other: bool = False
+    writeback_cache: bool = True
+    attr_timeout: float = 1.0
+    reserve_bytes: int = 256 << 20
+    early_writeback: int = 8 << 20
+    log_level: str = "info"
+    foreground: bool = False
+
+
+_KNOWN = {
+    "store": {"url", "endpoint_url"},
+    "cache": {"dir", "reserve", "early_writeback"},
+    "mount": {"allow_other", "attr_timeout", "writeback_cache"},
+    "log": {"level"},
+}
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"config file {path}: {e}") from None
+    for section, body in data.items():
+        if section not in _KNOWN or not isinstance(body, dict):
+            raise UserError(f"config file {path}: unknown section [{section}]")
+        unknown = set(body) - _KNOWN[section]
+        if unknown:
+            raise UserError(f"config file {path}: unknown key {section}.{sorted(unknown)[0]}")
+    return data
+
+
+def load_config(
+    mountpoint: str,
+    *,
+    config_file: str | None = None,
+    store: str | None = None,
+    cache_dir: str | None = None,
+    endpoint_url: str | None = None,
+    allow_other: bool | None = None,
+    foreground: bool = False,
+) -> Config:
+    data = _read_toml(Path(config_file)) if config_file else {}
+    st, ca, mo, lg = (data.get(k, {}) for k in ("store", "cache", "mount", "log"))
+    mp = Path(os.path.abspath(mountpoint))
+
+    url = store or st.get("url") or f"file://{data_home() / 'store'}"
+    try:
+        store_url = parse_store_url(url)
+    except StoreURLError as e:
+        raise UserError(str(e)) from None
+
+    cdir = cache_dir or ca.get("dir") or str(cache_home() / _escape_path(mp))
+    level = str(lg.get("level", "info")).lower()
+    if level not in ("debug", "info", "warning", "error"):
+        raise UserError(f"config: log.level = {level!r} is not debug, info, warning or error")
+    timeout = mo.get("attr_timeout", 1.0)
+    if not isinstance(timeout, int | float) or timeout < 0:
+        raise UserError(f"config: mount.attr_timeout = {timeout!r} is not a number >= 0")
+    return Config(
+        mountpoint=mp,
+        store=store_url,
+        cache_dir=Path(os.path.abspath(cdir)),
+        endpoint_url=endpoint_url or st.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL"),
+        allow_other=bool(allow_other if allow_other is not None else mo.get("allow_other", False)),
+        writeback_cache=bool(mo.get("writeback_cache", True)),
+        attr_timeout=float(timeout),
+        reserve_bytes=parse_size(ca.get("reserve", 256 << 20), "cache.reserve"),
+        early_writeback=parse_size(ca.get("early_writeback", 8 << 20), "cache.early_writeback"),
+        log_level=level,
+        foreground=foreground,
+    )

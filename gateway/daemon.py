@@ -1,0 +1,182 @@
+"""The gateway process: lock the cache dir, recover, mount, serve in one trio loop, shut down.
+
+``ckptgw mount`` without ``--foreground`` starts this same code in a new session and waits on
+a pipe (``CKPTGW_READY_FD``) for one line: ``ok`` once the mount is ready, or ``error: ...``.
+In front, readiness also goes to systemd (``NOTIFY_SOCKET``) when there is one.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from fsops.filesystem import Filesystem, FsOptions
+from fsops.journal import JournalError
+from gateway import registry
+from gateway.cachedir import CacheDirLock
+from gateway.config import Config
+from gateway.errors import UserError
+from gateway.mountpoint import prepare_mountpoint
+
+log = logging.getLogger("ckptgw")
+
+READY_FD_ENV = "CKPTGW_READY_FD"
+
+
+class Readiness:
+    """Tells whoever started us that the mount is ready, or why it is not."""
+
+    def __init__(self) -> None:
+        fd = os.environ.pop(READY_FD_ENV, None)
+        self._fd = int(fd) if fd else None
+
+    def _send(self, line: str) -> None:
+        if self._fd is not None:
+            try:
+                os.write(self._fd, (line.rstrip("\n") + "\n").encode())
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+    def ok(self) -> None:
+        self._send("ok")
+        notify = os.environ.get("NOTIFY_SOCKET")
+        if notify:
+            addr = "\0" + notify[1:] if notify.startswith("@") else notify
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                s.sendto(b"READY=1", addr)
+
+    def failed(self, message: str) -> None:
+        self._send(f"error: {message}")
+
+
+def setup_logging(cfg: Config) -> Path:
+    """Log to <cache_dir>/ckptgw.log, and to stderr in front (systemd's journal reads it)."""
+    root = logging.getLogger()
+    root.setLevel(cfg.log_level.upper())
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    path = cfg.cache_dir / "ckptgw.log"
+    fh = logging.handlers.RotatingFileHandler(path, maxBytes=16 << 20, backupCount=3)
+    os.chmod(path, 0o600)
+    fh.setFormatter(fmt)
+    root.addHandler(fh)
+    if cfg.foreground and sys.stderr is not None:
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setFormatter(logging.Formatter("ckptgw: %(levelname)s %(message)s"))
+        root.addHandler(sh)
+    return path
+
+
+def mount_options(cfg: Config) -> set[str]:
+    opts = set(pyfuse3.default_options) | {"default_permissions", "fsname=ckptgw"}
+    opts.add("subtype=ckptgw")
+    if cfg.allow_other:
+        opts.add("allow_other")
+    return opts
+
+
+def run(cfg: Config) -> int:
+    """Serve until unmounted or signalled. Returns the process exit code."""
+    ready = Readiness()
+    os.umask(0o077)  # journal, log and cache files are private to the gateway's user
+    try:
+        lock = CacheDirLock(cfg.cache_dir)
+    except UserError as e:
+        ready.failed(str(e))
+        raise
+    try:
+        setup_logging(cfg)
+        log.info(
+            "starting: mountpoint=%s store=%s cache=%s", cfg.mountpoint, cfg.store, cfg.cache_dir
+        )
+        return _run_locked(cfg, ready)
+    except UserError as e:
+        log.error("%s", e)
+        ready.failed(str(e))
+        raise
+    except BaseException as e:
+        log.exception("gateway failed")
+        ready.failed(f"gateway failed: {e!r}; see {cfg.cache_dir / 'ckptgw.log'}")
+        raise
+    finally:
+        lock.release()
+
+
+def _run_locked(cfg: Config, ready: Readiness) -> int:
+    prepare_mountpoint(cfg.mountpoint)
+    try:
+        fs = Filesystem(
+            cfg.cache_dir,
+            FsOptions(
+                store_url=str(cfg.store),
+                key_prefix=cfg.store.key_prefix,
+                reserve_bytes=cfg.reserve_bytes,
+                early_writeback=cfg.early_writeback,
+                writeback_cache=cfg.writeback_cache,
+                attr_timeout=cfg.attr_timeout,
+            ),
+        )
+    except JournalError as e:
+        raise UserError(str(e)) from None
+    rec = fs.recovery
+    if rec.unclean:
+        log.warning(
+            "recovered after an unclean shutdown: %d sizes fixed, %d orphans and %d stray cache "
+            "files removed, %d files lost",
+            rec.sizes_fixed,
+            rec.orphans_removed,
+            rec.stray_removed,
+            rec.lost,
+        )
+    log.info("journal holds %d dirty files (%d bytes)", rec.dirty_files, rec.dirty_bytes)
+    try:
+        try:
+            pyfuse3.init(fs.operations, str(cfg.mountpoint), mount_options(cfg))
+        except RuntimeError as e:
+            raise UserError(f"cannot mount on {cfg.mountpoint}: {e}") from None
+        registry.register(
+            registry.Entry(str(cfg.mountpoint), str(cfg.cache_dir), str(cfg.store), os.getpid())
+        )
+        signalled = False
+        try:
+            signalled = trio.run(_serve, ready)
+        finally:
+            # After a signal we unmount ourselves; after `fusermount3 -u` the kernel already did.
+            pyfuse3.close(unmount=signalled)
+            registry.unregister(cfg.mountpoint)
+    finally:
+        fs.close()
+    log.info("stopped cleanly")
+    return 0
+
+
+async def _serve(ready: Readiness) -> bool:
+    """Run the FUSE loop; returns True if a signal ended it."""
+    signalled = False
+
+    async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        nonlocal signalled
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
+            async for signum in signals:
+                log.info("received %s: unmounting", signal.Signals(signum).name)
+                signalled = True
+                pyfuse3.terminate()
+                return
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(on_signals)
+        ready.ok()
+        log.info("mounted")
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+    return signalled
