@@ -85,15 +85,23 @@ class OpenFiles:
         end = off + len(buf)
         if end > ino.size:
             self.cache.check_room(ino.fd, end - ino.size)
-        n = os.pwrite(ino.fd, buf, off)
+        if self.cache.direct is not None:
+            ino.inflight += 1
+            try:
+                n = await self.cache.direct.write(ino.fd, ino.dfd, buf, off)
+            finally:
+                ino.inflight -= 1
+                self.table.close_if_idle(ino)
+        else:
+            n = os.pwrite(ino.fd, buf, off)
+            ino.unsynced_bytes += n
+            if ino.unsynced_bytes >= self.cache.early_writeback > 0:
+                ino.unsynced_bytes = 0
+                start_writeback(ino.fd)
         if off + n > ino.size:
             ino.size = off + n
         ino.mtime_ns = ino.ctime_ns = time.time_ns()
         ino.attrs_dirty = True
-        ino.unsynced_bytes += n
-        if ino.unsynced_bytes >= self.cache.early_writeback > 0:
-            ino.unsynced_bytes = 0
-            start_writeback(ino.fd)
         return n
 
     def flush(self, fh: int) -> None:

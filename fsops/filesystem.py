@@ -24,6 +24,7 @@ class FsOptions:
     key_prefix: str = ""
     reserve_bytes: int = 256 << 20
     early_writeback: int = 8 << 20
+    direct_io: bool = True
     writeback_cache: bool = True
     attr_timeout: float = 1.0
 
@@ -42,7 +43,9 @@ class Filesystem:
                     f"cache dir {cache_dir} belongs to store {bound}, not {opts.store_url}; "
                     "use another --cache-dir (its dirty data would go to the wrong store)"
                 )
-            self.cache = CacheFiles(cache_dir, opts.reserve_bytes, opts.early_writeback)
+            self.cache = CacheFiles(
+                cache_dir, opts.reserve_bytes, opts.early_writeback, opts.direct_io
+            )
         except BaseException:
             self.journal.db.close()
             raise

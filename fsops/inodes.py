@@ -35,7 +35,9 @@ class Inode(InodeRow):
     lookups: int = 0
     opens: int = 0
     writers: int = 0
-    fd: int = -1  # cache file descriptor while opens > 0
+    fd: int = -1  # cache file descriptor while opens > 0 or writes are in flight
+    dfd: int = -1  # its O_DIRECT twin, when the cache disk supports direct I/O
+    inflight: int = 0  # writes waiting on a worker thread (they use fd and dfd)
     attrs_dirty: bool = False  # size/times changed since the journal row was written
     entry_synced: bool = True  # the cache file's directory entry is durable
     unsynced_bytes: int = 0  # written since the last early write-back kick
@@ -158,11 +160,22 @@ class InodeTable:
     def open_fd(self, ino: Inode) -> int:
         if ino.fd < 0:
             ino.fd = self.cache.open(ino.id)
+            try:
+                ino.dfd = self.cache.open_direct(ino.id)
+            except OSError:
+                os.close(ino.fd)
+                ino.fd = -1
+                raise
         ino.opens += 1
         return ino.fd
 
     def close_fd(self, ino: Inode) -> None:
         ino.opens -= 1
-        if ino.opens == 0 and ino.fd >= 0:
+        self.close_if_idle(ino)
+
+    def close_if_idle(self, ino: Inode) -> None:
+        if ino.opens == 0 and ino.inflight == 0 and ino.fd >= 0:
             os.close(ino.fd)
-            ino.fd = -1
+            if ino.dfd >= 0:
+                os.close(ino.dfd)
+            ino.fd = ino.dfd = -1

@@ -332,9 +332,7 @@ class Journal:
         return [int(r[0]) for r in rows]
 
     def regular_files(self) -> list[InodeRow]:
-        rows = self.db.execute(
-            f"SELECT {_INODE_COLS} FROM inodes WHERE {_IS_REG}"
-        ).fetchall()
+        rows = self.db.execute(f"SELECT {_INODE_COLS} FROM inodes WHERE {_IS_REG}").fetchall()
         return [_row(r) for r in rows]
 
     def totals_by_state(self) -> dict[State, tuple[int, int]]:

@@ -9,7 +9,8 @@ Example (every key optional)::
     [cache]
     dir = "/nvme/ckptgw"
     reserve = "1GiB"          # kept free on the cache disk; writes get ENOSPC before it
-    early_writeback = "8MiB"  # start writing a file's pages to disk every N bytes; 0 = off
+    early_writeback = "8MiB"  # without direct I/O: start write-out every N bytes; 0 = off
+    direct_io = true          # O_DIRECT cache writes where the cache filesystem supports it
 
     [mount]
     allow_other = false
@@ -76,13 +77,14 @@ class Config:
     attr_timeout: float = 1.0
     reserve_bytes: int = 256 << 20
     early_writeback: int = 8 << 20
+    direct_io: bool = True
     log_level: str = "info"
     foreground: bool = False
 
 
 _KNOWN = {
     "store": {"url", "endpoint_url"},
-    "cache": {"dir", "reserve", "early_writeback"},
+    "cache": {"dir", "reserve", "early_writeback", "direct_io"},
     "mount": {"allow_other", "attr_timeout", "writeback_cache"},
     "log": {"level"},
 }
@@ -142,6 +144,7 @@ def load_config(
         attr_timeout=float(timeout),
         reserve_bytes=parse_size(ca.get("reserve", 256 << 20), "cache.reserve"),
         early_writeback=parse_size(ca.get("early_writeback", 8 << 20), "cache.early_writeback"),
+        direct_io=bool(ca.get("direct_io", True)),
         log_level=level,
         foreground=foreground,
     )

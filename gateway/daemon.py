@@ -121,6 +121,7 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
                 key_prefix=cfg.store.key_prefix,
                 reserve_bytes=cfg.reserve_bytes,
                 early_writeback=cfg.early_writeback,
+                direct_io=cfg.direct_io,
                 writeback_cache=cfg.writeback_cache,
                 attr_timeout=cfg.attr_timeout,
             ),

@@ -38,13 +38,18 @@ def _file(mountpoint: Path) -> Path:
 
 
 def alive(pid: int) -> bool:
+    """True while the process runs (a zombie waiting to be reaped counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def register(entry: Entry) -> None:

@@ -1,0 +1,121 @@
+"""Start and stop a gateway from Python through the real CLI (tests, benchmarks, the demo).
+
+:meth:`Gateway.stop` always leaves no mount and no process behind: it unmounts cleanly if it
+can, else lazily, and kills a daemon that does not exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from gateway import registry
+from gateway.mountpoint import mounted_fstype
+
+
+class GatewayError(RuntimeError):
+    pass
+
+
+class Gateway:
+    def __init__(
+        self,
+        mountpoint: Path,
+        cache_dir: Path,
+        store: str,
+        *extra_args: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.mountpoint = Path(mountpoint)
+        self.cache_dir = Path(cache_dir)
+        self.store = store
+        self.extra_args = list(extra_args)
+        self.env = dict(os.environ, **(env or {}))
+        self.pid: int | None = None
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        if check and r.returncode != 0:
+            raise GatewayError(f"ckptgw {' '.join(args)}: {r.stderr.strip()}")
+        return r
+
+    def start(self) -> Gateway:
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        self.cli(
+            "mount",
+            str(self.mountpoint),
+            "--cache-dir",
+            str(self.cache_dir),
+            "--store",
+            self.store,
+            *self.extra_args,
+        )
+        entry = self._entry()
+        if entry is None:
+            raise GatewayError(f"no daemon registered for {self.mountpoint}")
+        self.pid = entry.pid
+        return self
+
+    def _entry(self) -> registry.Entry | None:
+        old = os.environ.get("CKPTGW_RUNTIME_DIR")
+        try:
+            if "CKPTGW_RUNTIME_DIR" in self.env:
+                os.environ["CKPTGW_RUNTIME_DIR"] = self.env["CKPTGW_RUNTIME_DIR"]
+            return registry.find(self.mountpoint.resolve())
+        finally:
+            if old is None:
+                os.environ.pop("CKPTGW_RUNTIME_DIR", None)
+            else:
+                os.environ["CKPTGW_RUNTIME_DIR"] = old
+
+    def kill(self) -> None:
+        """SIGKILL the daemon, as a crash would; the mount is left stale."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)
+            self._wait_gone(self.pid, 10)
+            self.pid = None
+
+    def stop(self, timeout: float = 60) -> None:
+        """Unmount and wait for the daemon; whatever fails, leave nothing behind."""
+        try:
+            if mounted_fstype(self.mountpoint.resolve()) is not None:
+                self.cli("umount", str(self.mountpoint), "--timeout", str(timeout))
+        finally:
+            if mounted_fstype(self.mountpoint.resolve()) is not None:
+                subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], check=False)
+            if self.pid is not None and not self._wait_gone(self.pid, timeout):
+                os.kill(self.pid, signal.SIGKILL)
+                self._wait_gone(self.pid, 10)
+            self.pid = None
+
+    @staticmethod
+    def _wait_gone(pid: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while registry.alive(pid):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
