@@ -12,6 +12,7 @@ Target (issue 2): the mount's save stall at most 1.25x the disk's.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -96,9 +97,9 @@ def measure(disk_dir: Path, mnt_dir: Path, runs: int, size: int) -> dict[str, ob
     }
     for i in range(runs + 1):  # the first round warms up both and is not counted
         for where, d in (("disk", disk_dir), ("mount", mnt_dir)):
-            t = timed(lambda d=d: save_atomic(sd, d / "ckpt.pt"))
+            t = timed(functools.partial(save_atomic, sd, d / "ckpt.pt"))
             (d / "ckpt.pt").unlink()
-            s = timed(lambda d=d: sequential_write(d / "seq.bin", size))
+            s = timed(functools.partial(sequential_write, d / "seq.bin", size))
             (d / "seq.bin").unlink()
             if i:
                 results[f"save_{where}"].append(t)
