@@ -58,26 +58,36 @@ def unmount(path: Path, *, lazy: bool = False) -> None:
         raise UserError(f"cannot unmount {path}: {detail}")
 
 
+def _dead(path: Path) -> bool:
+    """True if ``path`` is a FUSE mount whose daemon is gone. ``stat`` may still succeed from
+    the kernel's attribute cache, so ask for something only the daemon can answer."""
+    try:
+        os.listdir(path)
+    except OSError as e:
+        return e.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+    return False
+
+
 def prepare_mountpoint(path: Path) -> None:
     """Check that ``path`` can be mounted on; clear a stale mount a crashed ckptgw left."""
+    fstype = mounted_fstype(path)
+    if fstype is not None and fstype.startswith("fuse") and _dead(path):
+        if fstype != FSTYPE:
+            raise UserError(
+                f"mountpoint {path} is a dead mount of {fstype}; "
+                f"unmount it first (fusermount3 -u {path})"
+            )
+        log.warning("clearing the stale mount left at %s by a ckptgw that died", path)
+        unmount(path, lazy=True)
+        fstype = mounted_fstype(path)
     try:
         os.stat(path)
     except FileNotFoundError:
         raise UserError(f"mountpoint {path} does not exist") from None
     except OSError as e:
-        if e.errno != errno.ENOTCONN:
-            raise UserError(f"mountpoint {path}: {e.strerror}") from None
-        fstype = mounted_fstype(path)
-        if fstype != FSTYPE:
-            raise UserError(
-                f"mountpoint {path} is a dead mount of {fstype or 'another filesystem'}; "
-                f"unmount it first (fusermount3 -u {path})"
-            ) from None
-        log.warning("clearing the stale mount left at %s by a ckptgw that died", path)
-        unmount(path, lazy=True)
+        raise UserError(f"mountpoint {path}: {e.strerror}") from None
     if not os.path.isdir(path):
         raise UserError(f"mountpoint {path} is not a directory")
-    fstype = mounted_fstype(path)
     if fstype is not None or os.path.ismount(path):
         what = "a ckptgw mount" if fstype == FSTYPE else f"a {fstype or 'mount'}"
         raise UserError(f"mountpoint {path} is busy: already {what} is mounted there")

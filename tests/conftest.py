@@ -1,0 +1,83 @@
+"""Fixtures: isolated runtime dirs, and real gateways that are always unmounted and stopped.
+
+Every gateway started through the ``gateway`` fixture is stopped at teardown, also when the
+test fails: clean unmount, else lazy unmount, else SIGKILL of the daemon. Its log is then
+checked: an ERROR line or a traceback fails the test unless the test said it expects one
+(``gw.expect_errors = True``), so problems the daemon only logs are not missed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.harness import Gateway
+
+HAVE_FUSE = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
+needs_fuse = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
+
+
+class TestGateway(Gateway):
+    expect_errors = False
+
+    def log_problems(self) -> list[str]:
+        log = self.cache_dir / "ckptgw.log"
+        if not log.exists():
+            return []
+        return [
+            line
+            for line in log.read_text(errors="replace").splitlines()
+            if " ERROR " in line or " CRITICAL " in line or line.startswith("Traceback")
+        ]
+
+
+@pytest.fixture
+def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "run"
+    monkeypatch.setenv("CKPTGW_RUNTIME_DIR", str(d))
+    return d
+
+
+GatewayFactory = Callable[..., TestGateway]
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, runtime_dir: Path) -> Iterator[GatewayFactory]:
+    """Factory: ``gateway(name="a", store=None, *extra_args)`` -> a started TestGateway."""
+    started: list[TestGateway] = []
+
+    def make(
+        name: str = "gw", *extra: str, store: str | None = None, start: bool = True
+    ) -> TestGateway:
+        store = store or f"file://{tmp_path / 'store'}"
+        gw = TestGateway(
+            tmp_path / name / "mnt",
+            tmp_path / name / "cache",
+            store,
+            *extra,
+            env={"CKPTGW_RUNTIME_DIR": str(runtime_dir)},
+        )
+        started.append(gw)
+        if start:
+            gw.start()
+        return gw
+
+    yield make
+    problems: list[str] = []
+    for gw in started:
+        try:
+            gw.stop()
+        finally:
+            if not gw.expect_errors:
+                problems += gw.log_problems()
+    assert not problems, "the daemon logged errors:\n" + "\n".join(problems)
+
+
+@pytest.fixture
+def mnt(gateway: GatewayFactory) -> Path:
+    """A mounted gateway's mountpoint (embedded file:// store)."""
+    return gateway().mountpoint

@@ -1,0 +1,317 @@
+"""The filesystem's operations called directly, without a mount: namespace, data path, journal,
+recovery. Each test ends with a consistency check of journal against cache files."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyfuse3
+import pytest
+import trio
+
+from fsops.filesystem import Filesystem, FsOptions
+from fsops.journal import ROOT_INODE, JournalError, State
+from fsops.namespace import AttrChange
+
+STORE = "file:///srv/store"
+
+
+@dataclass
+class Caller:
+    uid: int = 1000
+    gid: int = 1000
+    umask: int = 0o022
+
+
+ME = Caller()
+
+
+def open_fs(path: Path, **kw: object) -> Filesystem:
+    return Filesystem(path, FsOptions(store_url=STORE, reserve_bytes=0, **kw))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def fs(tmp_path: Path) -> Iterator[Filesystem]:
+    f = open_fs(tmp_path)
+    yield f
+    check_consistent(f)
+    f.close()
+
+
+def check_consistent(f: Filesystem) -> None:
+    """fsck: every local regular file has a cache file of its journal size; no stray files."""
+    rows = {r.id: r for r in f.journal.regular_files()}
+    for ino, row in rows.items():
+        mem = f.table._mem.get(ino)
+        size = mem.size if mem is not None else row.size
+        assert f.cache.exists(ino), f"inode {ino} has no cache file"
+        assert f.cache.size(ino) == size, f"inode {ino}: cache {f.cache.size(ino)} != {size}"
+    assert f.cache.known_inodes() <= set(rows), "cache files without a journal row"
+
+
+def write_file(f: Filesystem, parent: int, name: bytes, data: bytes) -> int:
+    async def go() -> int:
+        ino = f.namespace.create_file(parent, name, 0o644, ME)
+        fh = await f.files.open(ino, os.O_WRONLY)
+        await f.files.write(fh, 0, data)
+        await f.files.fsync(fh, False)
+        f.files.release(fh)
+        return ino.id
+
+    return trio.run(go)
+
+
+def read_file(f: Filesystem, inode: int) -> bytes:
+    async def go() -> bytes:
+        fh = await f.files.open(f.table.get(inode), os.O_RDONLY)
+        try:
+            return f.files.read(fh, 0, 1 << 30)
+        finally:
+            f.files.release(fh)
+
+    return trio.run(go)
+
+
+def errno_of(fn: object, *args: object) -> int:
+    with pytest.raises(OSError) as e:
+        fn(*args)  # type: ignore[operator]
+    assert e.value.errno is not None
+    return e.value.errno
+
+
+def test_create_write_read_and_attributes(fs: Filesystem) -> None:
+    ino = write_file(fs, ROOT_INODE, b"a.pt", b"hello" * 1000)
+    assert read_file(fs, ino) == b"hello" * 1000
+    got = fs.namespace.lookup(ROOT_INODE, b"a.pt")
+    assert got.id == ino and got.size == 5000 and got.uid == 1000
+    assert stat.S_IMODE(got.mode) == 0o644 and stat.S_ISREG(got.mode)
+    assert got.state is State.DIRTY
+    assert fs.namespace.nlink(got) == 1
+
+
+def test_unaligned_and_aligned_writes_land_byte_for_byte(fs: Filesystem) -> None:
+    """Writes with heads and tails off page boundaries mix direct and buffered I/O."""
+    payload = os.urandom(3 << 20)
+
+    async def go() -> int:
+        ino = fs.namespace.create_file(ROOT_INODE, b"mix", 0o644, ME)
+        fh = await fs.files.open(ino, os.O_RDWR)
+        pos = 0
+        for n in (1, 4095, 4097, 1 << 20, 12345, 3 << 19, 77):
+            await fs.files.write(fh, pos, payload[pos : pos + n])
+            pos += n
+        await fs.files.write(fh, pos, payload[pos:])
+        await fs.files.write(fh, 4096 * 3 + 5, payload[100:200])  # overwrite inside
+        fs.files.release(fh)
+        return ino.id
+
+    ino = trio.run(go)
+    expect = bytearray(payload)
+    expect[4096 * 3 + 5 : 4096 * 3 + 105] = payload[100:200]
+    assert read_file(fs, ino) == bytes(expect)
+
+
+def test_mkdir_rmdir_enotempty_and_nlink(fs: Filesystem) -> None:
+    d = fs.namespace.mkdir(ROOT_INODE, b"run1", 0o777, ME)
+    assert stat.S_IMODE(d.mode) == 0o755  # umask applied
+    fs.namespace.mkdir(d.id, b"step_1", 0o755, ME)
+    assert fs.namespace.nlink(d) == 3
+    assert errno_of(fs.namespace.rmdir, ROOT_INODE, b"run1") == errno.ENOTEMPTY
+    assert errno_of(fs.namespace.unlink, ROOT_INODE, b"run1") == errno.EISDIR
+    fs.namespace.rmdir(d.id, b"step_1")
+    fs.namespace.rmdir(ROOT_INODE, b"run1")
+    assert errno_of(fs.namespace.lookup, ROOT_INODE, b"run1") == errno.ENOENT
+
+
+def test_rename_replaces_atomically_and_frees_the_old_target(fs: Filesystem) -> None:
+    old = write_file(fs, ROOT_INODE, b"ckpt.pt", b"old")
+    new = write_file(fs, ROOT_INODE, b"ckpt.pt.tmp", b"new")
+    fs.namespace.rename(ROOT_INODE, b"ckpt.pt.tmp", ROOT_INODE, b"ckpt.pt", 0)
+    assert fs.namespace.lookup(ROOT_INODE, b"ckpt.pt").id == new
+    assert read_file(fs, new) == b"new"
+    # The replaced inode is still looked up by the kernel: an orphan until forget.
+    assert fs.journal.get(old) is not None and fs.journal.get(old).parent is None  # type: ignore[union-attr]
+    fs.table.forget(old, 10)
+    assert fs.journal.get(old) is None and not fs.cache.exists(old)
+
+
+def test_rename_flags(fs: Filesystem) -> None:
+    a = write_file(fs, ROOT_INODE, b"a", b"A")
+    b = write_file(fs, ROOT_INODE, b"b", b"B")
+    assert (
+        errno_of(fs.namespace.rename, ROOT_INODE, b"a", ROOT_INODE, b"b", pyfuse3.RENAME_NOREPLACE)
+        == errno.EEXIST
+    )
+    fs.namespace.rename(ROOT_INODE, b"a", ROOT_INODE, b"b", pyfuse3.RENAME_EXCHANGE)
+    assert fs.namespace.lookup(ROOT_INODE, b"a").id == b
+    assert fs.namespace.lookup(ROOT_INODE, b"b").id == a
+    assert (
+        errno_of(fs.namespace.rename, ROOT_INODE, b"a", ROOT_INODE, b"zz", pyfuse3.RENAME_EXCHANGE)
+        == errno.ENOENT
+    )
+
+
+def test_rename_directory_rules(fs: Filesystem) -> None:
+    d = fs.namespace.mkdir(ROOT_INODE, b"d", 0o755, ME)
+    sub = fs.namespace.mkdir(d.id, b"sub", 0o755, ME)
+    full = fs.namespace.mkdir(ROOT_INODE, b"full", 0o755, ME)
+    write_file(fs, full.id, b"x", b"x")
+    f = write_file(fs, ROOT_INODE, b"f", b"f")
+    ns = fs.namespace
+    assert errno_of(ns.rename, ROOT_INODE, b"d", sub.id, b"loop", 0) == errno.EINVAL
+    assert errno_of(ns.rename, ROOT_INODE, b"d", ROOT_INODE, b"full", 0) == errno.ENOTEMPTY
+    assert errno_of(ns.rename, ROOT_INODE, b"d", ROOT_INODE, b"f", 0) == errno.ENOTDIR
+    assert errno_of(ns.rename, ROOT_INODE, b"f", ROOT_INODE, b"d", 0) == errno.EISDIR
+    # A directory with contents moves as a whole, descendants keep their inodes.
+    ns.rename(ROOT_INODE, b"d", full.id, b"moved", 0)
+    assert fs.journal.path_components(sub.id) == [b"full", b"moved", b"sub"]
+    assert ns.lookup(ROOT_INODE, b"f").id == f
+
+
+def test_names_that_cannot_become_object_keys(tmp_path: Path) -> None:
+    f = Filesystem(tmp_path, FsOptions(store_url=STORE, key_prefix="p" * 900, reserve_bytes=0))
+    try:
+        ns = f.namespace
+        assert errno_of(ns.create_file, ROOT_INODE, b"n" * 256, 0o644, ME) == errno.ENAMETOOLONG
+        assert errno_of(ns.mkdir, ROOT_INODE, b"\xff\xfe", 0o755, ME) == errno.EILSEQ
+        d = ns.mkdir(ROOT_INODE, b"d" * 100, 0o755, ME)
+        # 900 prefix + 100 + "/" + 24 = 1025 bytes: one too many for an S3 key.
+        assert errno_of(ns.create_file, d.id, b"x" * 24, 0o644, ME) == errno.ENAMETOOLONG
+        ns.create_file(d.id, b"x" * 23, 0o644, ME)
+        # Renaming the directory to a longer name would push its child over the limit.
+        assert errno_of(ns.rename, ROOT_INODE, b"d" * 100, ROOT_INODE, b"e" * 101, 0) == (
+            errno.ENAMETOOLONG
+        )
+        ns.rename(ROOT_INODE, b"d" * 100, ROOT_INODE, b"e" * 100, 0)
+    finally:
+        f.close()
+
+
+def test_setattr_truncate_chmod_times(fs: Filesystem) -> None:
+    ino = write_file(fs, ROOT_INODE, b"f", b"0123456789")
+    got = trio.run(fs.namespace.setattr, ino, AttrChange(size=4, mode=0o600, mtime_ns=10**18))
+    assert got.size == 4 and stat.S_IMODE(got.mode) == 0o600 and got.mtime_ns == 10**18
+    assert read_file(fs, ino) == b"0123"
+    trio.run(fs.namespace.setattr, ino, AttrChange(size=8))
+    assert read_file(fs, ino) == b"0123\0\0\0\0"
+
+
+def test_open_with_o_trunc(fs: Filesystem) -> None:
+    ino = write_file(fs, ROOT_INODE, b"f", b"data")
+
+    async def go() -> None:
+        fh = await fs.files.open(fs.table.get(ino), os.O_WRONLY | os.O_TRUNC)
+        fs.files.release(fh)
+
+    trio.run(go)
+    assert read_file(fs, ino) == b""
+
+
+def test_a_clean_file_becomes_dirty_with_a_new_generation_before_it_changes(
+    fs: Filesystem,
+) -> None:
+    ino = write_file(fs, ROOT_INODE, b"f", b"v1")
+    node = fs.table.get(ino)
+    node.state = State.CLEAN  # as the drain would leave it
+    fs.table.persist(node)
+    gen = node.generation
+
+    async def go() -> None:
+        fh = await fs.files.open(node, os.O_WRONLY)
+        await fs.files.write(fh, 0, b"v2")
+        fs.files.release(fh)
+
+    trio.run(go)
+    row = fs.journal.get(ino)
+    assert row is not None and row.state is State.DIRTY and row.generation == gen + 1
+
+
+def test_symlink_readlink_and_hard_link_refused(fs: Filesystem) -> None:
+    s = fs.namespace.symlink(ROOT_INODE, b"latest", b"step_100/ckpt.pt", ME)
+    assert stat.S_ISLNK(s.mode) and fs.namespace.readlink(s.id) == b"step_100/ckpt.pt"
+    with pytest.raises(pyfuse3.FUSEError) as e:
+        trio.run(fs.operations.link, s.id, ROOT_INODE, b"x", None)
+    assert e.value.errno == errno.EPERM
+
+
+def test_xattrs(fs: Filesystem) -> None:
+    ino = write_file(fs, ROOT_INODE, b"f", b"")
+    fs.namespace.setxattr(ino, b"user.step", b"100")
+    assert fs.namespace.getxattr(ino, b"user.step") == b"100"
+    assert fs.namespace.listxattr(ino) == [b"user.step"]
+    fs.namespace.removexattr(ino, b"user.step")
+    assert errno_of(fs.namespace.getxattr, ino, b"user.step") == pyfuse3.ENOATTR
+    assert errno_of(fs.namespace.setxattr, ino, b"system.posix_acl_access", b"") == errno.ENOTSUP
+
+
+def test_readdir_pages_are_stable_while_the_directory_changes(fs: Filesystem) -> None:
+    d = fs.namespace.mkdir(ROOT_INODE, b"big", 0o755, ME)
+    for i in range(1200):
+        fs.namespace.create_file(d.id, f"f{i:05}".encode(), 0o644, ME)
+    first = fs.table.children(d.id, 0, 500)
+    # Changes behind the cursor neither repeat nor skip entries ahead of it.
+    fs.namespace.unlink(d.id, b"f00000")
+    fs.namespace.create_file(d.id, b"zz-new", 0o644, ME)
+    rest: list[bytes] = []
+    after = first[-1].id
+    while batch := fs.table.children(d.id, after, 500):
+        rest += [r.name for r in batch if r.name is not None]
+        after = batch[-1].id
+    names = [r.name for r in first] + rest
+    assert len(names) == len(set(names)) == 1201
+    assert names[-1] == b"zz-new"
+
+
+def test_store_binding_is_checked(tmp_path: Path) -> None:
+    open_fs(tmp_path).close()
+    with pytest.raises(JournalError, match="belongs to store"):
+        Filesystem(tmp_path, FsOptions(store_url="s3://other-bucket/"))
+
+
+def test_recovery_after_a_crash(tmp_path: Path) -> None:
+    """A daemon that dies without close(): sizes come from cache files, orphans and stray
+    cache files go, fsynced data stays."""
+    f = open_fs(tmp_path)
+    keep = write_file(f, ROOT_INODE, b"keep", b"k" * 10000)
+    orphan = write_file(f, ROOT_INODE, b"orphan", b"o")
+    f.namespace.lookup(ROOT_INODE, b"orphan")
+    f.namespace.unlink(ROOT_INODE, b"orphan")  # still looked up: orphaned, not freed
+
+    async def grow() -> None:  # written but never flushed to the journal
+        fh = await f.files.open(f.table.get(keep), os.O_WRONLY)
+        await f.files.write(fh, 10000, b"more")
+
+    trio.run(grow)
+    f.cache.create(999)  # a cache file whose create never committed
+    f.journal.db.close()  # the crash: no close(), no clean_shutdown flag
+
+    g = open_fs(tmp_path)
+    try:
+        assert g.recovery.unclean
+        assert g.recovery.orphans_removed == 1 and g.recovery.stray_removed == 1
+        assert g.recovery.sizes_fixed == 1
+        assert read_file(g, keep) == b"k" * 10000 + b"more"
+        assert g.journal.get(orphan) is None and not g.cache.exists(orphan)
+        check_consistent(g)
+    finally:
+        g.close()
+    h = open_fs(tmp_path)
+    assert not h.recovery.unclean
+    h.close()
+
+
+def test_buffered_mode_without_direct_io(tmp_path: Path) -> None:
+    f = open_fs(tmp_path, direct_io=False, early_writeback=1 << 16)
+    try:
+        assert f.cache.direct is None
+        data = os.urandom(1 << 20)
+        ino = write_file(f, ROOT_INODE, b"f", data)
+        assert read_file(f, ino) == data
+        check_consistent(f)
+    finally:
+        f.close()
