@@ -37,6 +37,11 @@ _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctype
 _sync_file_range.restype = ctypes.c_int
 
 
+_syncfs = _libc.syncfs
+_syncfs.argtypes = [ctypes.c_int]
+_syncfs.restype = ctypes.c_int
+
+
 def start_writeback(fd: int) -> None:
     """Start (not wait for) write-out of the file's dirty pages. Best effort."""
     _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
@@ -129,6 +134,15 @@ class CacheFiles:
 
     def close(self) -> None:
         os.close(self._dirfd)
+
+    def sync_all(self) -> None:
+        """Make every cache file and directory entry durable (syncfs of the cache disk).
+
+        Used where per-file tracking of unsynced directory entries does not reach: at a clean
+        shutdown, and after recovering from a crash."""
+        if _syncfs(self._dirfd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
 
     def path(self, inode: int) -> Path:
         return self.data / f"{inode % 256:02x}" / str(inode)

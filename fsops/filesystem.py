@@ -63,6 +63,7 @@ class Filesystem:
     def close(self) -> None:
         """Persist what is only in memory and mark the shutdown clean."""
         self.table.persist_all()
+        self.cache.sync_all()
         with self.journal.transaction():
             self.journal.set_meta("clean_shutdown", "1")
         self.journal.barrier_sync()

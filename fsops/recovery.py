@@ -41,6 +41,7 @@ def recover(journal: Journal, cache: CacheFiles) -> RecoveryReport:
     report.orphans_removed = len(orphans)
     if report.unclean:
         _reconcile(journal, cache, report)
+        cache.sync_all()
     journal.barrier_sync()
     files, nbytes = journal.totals_by_state().get(State.DIRTY, (0, 0))
     report.dirty_files, report.dirty_bytes = files, nbytes

@@ -21,7 +21,7 @@ HAVE_FUSE = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not N
 needs_fuse = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
 
 
-class TestGateway(Gateway):
+class CheckedGateway(Gateway):
     expect_errors = False
 
     def log_problems(self) -> list[str]:
@@ -42,19 +42,19 @@ def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return d
 
 
-GatewayFactory = Callable[..., TestGateway]
+GatewayFactory = Callable[..., CheckedGateway]
 
 
 @pytest.fixture
 def gateway(tmp_path: Path, runtime_dir: Path) -> Iterator[GatewayFactory]:
-    """Factory: ``gateway(name="a", store=None, *extra_args)`` -> a started TestGateway."""
-    started: list[TestGateway] = []
+    """Factory: ``gateway(name="a", store=None, *extra_args)`` -> a started CheckedGateway."""
+    started: list[CheckedGateway] = []
 
     def make(
         name: str = "gw", *extra: str, store: str | None = None, start: bool = True
-    ) -> TestGateway:
+    ) -> CheckedGateway:
         store = store or f"file://{tmp_path / 'store'}"
-        gw = TestGateway(
+        gw = CheckedGateway(
             tmp_path / name / "mnt",
             tmp_path / name / "cache",
             store,

@@ -6,6 +6,7 @@ import ctypes
 import errno
 import multiprocessing
 import os
+import signal
 import stat
 import threading
 from pathlib import Path
@@ -269,3 +270,17 @@ def test_mount_refuses_a_busy_mountpoint_and_a_cache_dir_in_use(
     )
     assert r.returncode != 0 and "in use by another ckptgw" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_sigterm_unmounts_and_stops_cleanly(gateway: GatewayFactory) -> None:
+    gw = gateway()
+    (gw.mountpoint / "f").write_bytes(b"before sigterm")
+    assert gw.pid is not None
+    os.kill(gw.pid, signal.SIGTERM)
+    assert gw._wait_gone(gw.pid, 30)
+    gw.pid = None
+    with open("/proc/self/mounts") as m:
+        assert str(gw.mountpoint) not in m.read()
+    assert "stopped cleanly" in (gw.cache_dir / "ckptgw.log").read_text()
+    gw.start()
+    assert (gw.mountpoint / "f").read_bytes() == b"before sigterm"

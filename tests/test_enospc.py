@@ -1,0 +1,89 @@
+"""A full cache disk: the writer gets ENOSPC, the journal stays intact, acknowledged data stays,
+and the gateway works again once space is freed. Runs on a small ext4 image (direct I/O path)
+and on a small tmpfs (page-cache path)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CheckedGateway, GatewayFactory, needs_fuse
+
+pytestmark = [pytest.mark.mount, needs_fuse]
+
+
+@pytest.fixture(params=["ext4", "tmpfs"])
+def small_disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
+    d = tmp_path / "small"
+    d.mkdir()
+    if request.param == "ext4":
+        if shutil.which("mkfs.ext4") is None:
+            pytest.skip("mkfs.ext4 not installed")
+        img = tmp_path / "cache.img"
+        subprocess.run(["truncate", "-s", "96M", str(img)], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True)
+        subprocess.run(["mount", "-o", "loop", str(img), str(d)], check=True)
+    else:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", str(d)], check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+@pytest.fixture
+def small_gateway(small_disk: Path, gateway: GatewayFactory, tmp_path: Path) -> CheckedGateway:
+    """Set up after small_disk, so it is stopped before the disk is unmounted."""
+    cfg = tmp_path / "small.toml"
+    cfg.write_text(f'[cache]\ndir = "{small_disk / "cache"}"\nreserve = "8MiB"\n')
+    gw = gateway("small", "--config", str(cfg), start=False)
+    gw.cache_dir = small_disk / "cache"
+    return gw.start()
+
+
+def write_until_full(path: Path, chunk: bytes) -> int:
+    """Write, flush and fsync until something says ENOSPC; return the errno seen."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for _ in range(1000):
+            os.write(fd, chunk)
+        os.fsync(fd)
+    except OSError as e:
+        return e.errno or 0
+    finally:
+        try:
+            os.close(fd)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+    return 0
+
+
+def test_full_cache_disk_gives_enospc_and_keeps_the_journal(
+    small_gateway: CheckedGateway,
+) -> None:
+    mnt = small_gateway.mountpoint
+    keep = os.urandom(10 << 20)
+    with open(mnt / "keep.pt", "wb") as f:
+        f.write(keep)
+        os.fsync(f.fileno())
+    assert write_until_full(mnt / "big.pt", os.urandom(1 << 20)) == errno.ENOSPC
+    # The reserve is still free: the journal can commit, so namespace changes still work.
+    free = os.statvfs(small_gateway.cache_dir)
+    assert free.f_bavail * free.f_frsize >= 4 << 20
+    (mnt / "dir-after-full").mkdir()
+    os.unlink(mnt / "big.pt")
+    (mnt / "after.pt").write_bytes(b"space is back")
+    small_gateway.stop()
+    small_gateway.start()
+    assert (mnt / "keep.pt").read_bytes() == keep
+    assert (mnt / "after.pt").read_bytes() == b"space is back"
+    assert (mnt / "dir-after-full").is_dir()
