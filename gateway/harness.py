@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from gateway import registry
 from gateway.mountpoint import mounted_fstype
@@ -51,7 +52,7 @@ class Gateway:
             raise GatewayError(f"ckptgw {' '.join(args)}: {r.stderr.strip()}")
         return r
 
-    def start(self) -> Gateway:
+    def start(self) -> Self:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         self.cli(
             "mount",
@@ -109,7 +110,7 @@ class Gateway:
             time.sleep(0.02)
         return True
 
-    def __enter__(self) -> Gateway:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
