@@ -24,9 +24,7 @@ def say(msg: str) -> None:
 
 def make_run(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1)
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
@@ -38,7 +36,7 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) ->
     opt.zero_grad()
     loss.backward()
     opt.step()
-    return loss.item()
+    return float(loss.item())
 
 
 def save_checkpoint(state: dict[str, object], path: Path) -> float:
@@ -58,8 +56,12 @@ def save_checkpoint(state: dict[str, object], path: Path) -> float:
 
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ckptgw-demo-"))
-    gw = Gateway(work / "mnt", work / "cache", f"file://{work / 'store'}",
-                 env={"CKPTGW_RUNTIME_DIR": str(work / "run")})
+    gw = Gateway(
+        work / "mnt",
+        work / "cache",
+        f"file://{work / 'store'}",
+        env={"CKPTGW_RUNTIME_DIR": str(work / "run")},
+    )
     try:
         gw.start()
         say(f"mounted {gw.mountpoint} (cache {gw.cache_dir}, daemon pid {gw.pid})")
@@ -73,8 +75,10 @@ def main() -> None:
                     {"model": model.state_dict(), "optim": opt.state_dict(), "step": step},
                     ckpt,
                 )
-                say(f"step {step}: loss {loss:.4f}, checkpoint saved in {took * 1000:.0f} ms "
-                    f"-> {ckpt.relative_to(gw.mountpoint)}")
+                say(
+                    f"step {step}: loss {loss:.4f}, checkpoint saved in {took * 1000:.0f} ms "
+                    f"-> {ckpt.relative_to(gw.mountpoint)}"
+                )
         reference = {k: v.clone() for k, v in model.state_dict().items()}
 
         say("killing the gateway daemon with SIGKILL, as a crash would")
@@ -92,8 +96,10 @@ def main() -> None:
         model2.load_state_dict(state["model"])
         opt2.load_state_dict(state["optim"])
         same = all(torch.equal(reference[k], v) for k, v in model2.state_dict().items())
-        say(f"checkpoints found: {steps}; resumed from step {state['step']}: "
-            f"weights identical = {same}")
+        say(
+            f"checkpoints found: {steps}; resumed from step {state['step']}: "
+            f"weights identical = {same}"
+        )
         if not same:
             raise SystemExit("[demo] FAILED: the resumed weights differ")
         loss = train_step(model2, opt2, state["step"] + 1)
