@@ -35,6 +35,13 @@ class CheckedGateway(Gateway):
         ]
 
 
+def errno_of(fn: object, *args: object) -> int:
+    with pytest.raises(OSError) as e:
+        fn(*args)  # type: ignore[operator]
+    assert e.value.errno is not None
+    return e.value.errno
+
+
 @pytest.fixture
 def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d = tmp_path / "run"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from tests.conftest import GatewayFactory, needs_fuse
+from tests.conftest import GatewayFactory, errno_of, needs_fuse
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 
@@ -28,13 +28,6 @@ def renameat2(src: Path, dst: Path, flags: int) -> None:
     if r != 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
-
-
-def errno_of(fn: object, *args: object) -> int:
-    with pytest.raises(OSError) as e:
-        fn(*args)  # type: ignore[operator]
-    assert e.value.errno is not None
-    return e.value.errno
 
 
 def test_write_read_stat_and_persistence_across_remount(gateway: GatewayFactory) -> None:

@@ -18,6 +18,7 @@ import trio
 from fsops.filesystem import Filesystem, FsOptions
 from fsops.journal import ROOT_INODE, JournalError, State
 from fsops.namespace import AttrChange
+from tests.conftest import errno_of
 
 STORE = "file:///srv/store"
 
@@ -76,13 +77,6 @@ def read_file(f: Filesystem, inode: int) -> bytes:
             f.files.release(fh)
 
     return trio.run(go)
-
-
-def errno_of(fn: object, *args: object) -> int:
-    with pytest.raises(OSError) as e:
-        fn(*args)  # type: ignore[operator]
-    assert e.value.errno is not None
-    return e.value.errno
 
 
 def test_create_write_read_and_attributes(fs: Filesystem) -> None:
