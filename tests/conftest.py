@@ -88,3 +88,43 @@ def gateway(tmp_path: Path, runtime_dir: Path) -> Iterator[GatewayFactory]:
 def mnt(gateway: GatewayFactory) -> Path:
     """A mounted gateway's mountpoint (embedded file:// store)."""
     return gateway().mountpoint
+
+
+# -- S3 on loopback ----------------------------------------------------------------------------
+
+S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "ckptgw-test",
+    "AWS_SECRET_ACCESS_KEY": "ckptgw-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    from tests.s3server import moto_server
+
+    with moto_server() as url:
+        yield url
+
+
+@pytest.fixture
+def s3_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    for k, v in S3_CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    return dict(S3_CREDENTIALS)
+
+
+@pytest.fixture
+def bucket(s3_endpoint: str, s3_env: dict[str, str], request: pytest.FixtureRequest) -> str:
+    """A fresh, empty bucket for this test."""
+    import re
+    import uuid
+
+    import boto3
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    name = f"{name}-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    return name

@@ -1,0 +1,286 @@
+"""``file:///PATH``: a directory as an object store (the embedded default, or a shared FS).
+
+An object is a file at ``PATH/<key>``, written as temp file + fsync + rename + fsync of the
+directory, so a reader never sees half an object. Metadata is kept in the ``user.ckptgw``
+extended attribute (as JSON). Multipart uploads are staged under ``PATH/.ckptgw-uploads/<id>/``
+with one file per part, so resuming works as it does on S3. All blocking I/O runs on worker
+threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import trio
+import xxhash
+
+from drain.store import NotFound, ObjectInfo, Store, StoreError, Upload
+from drain.storeurl import StoreURL
+
+T = TypeVar("T")
+_INTERNAL = ".ckptgw-"
+_XATTR = "user.ckptgw"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileStore(Store):
+    def __init__(self, url: StoreURL) -> None:
+        self.url = str(url)
+        self.root = Path(url.prefix)
+        self._tmp = self.root / f"{_INTERNAL}tmp"
+        self._uploads = self.root / f"{_INTERNAL}uploads"
+
+    async def _run(self, what: str, fn: Callable[[], T]) -> T:
+        try:
+            return await trio.to_thread.run_sync(fn)
+        except StoreError:
+            raise
+        except FileNotFoundError:
+            raise NotFound(f"{what}: not found") from None
+        except OSError as e:
+            temporary = e.errno in (errno.EINTR, errno.EAGAIN, errno.EIO, errno.ETIMEDOUT)
+            raise StoreError(
+                f"{what}: {e.strerror}",
+                temporary=temporary,
+                code=errno.errorcode.get(e.errno or 0, ""),
+            ) from None
+
+    def _path(self, key: str) -> Path:
+        parts = key.split("/")
+        if (
+            not key
+            or key.startswith("/")
+            or any(p in ("", ".", "..") for p in parts)
+            or (parts[0].startswith(_INTERNAL))
+        ):
+            raise StoreError(f"bad key {key!r} for a file store", temporary=False, code="BadKey")
+        return self.root.joinpath(*parts)
+
+    # -- objects ---------------------------------------------------------------------------------
+
+    async def check(self) -> None:
+        def go() -> None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._tmp.mkdir(exist_ok=True)
+            if not os.access(self.root, os.W_OK | os.X_OK):
+                raise StoreError(f"store {self.root} is not writable", temporary=False)
+
+        await self._run(f"checking store {self.root}", go)
+
+    def _install(self, tmp: Path, dst: Path, metadata: dict[str, str]) -> None:
+        """Move a fully written, fsynced temp file into place, durably."""
+        with contextlib.suppress(OSError):
+            os.setxattr(tmp, _XATTR, json.dumps(metadata).encode())
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(tmp, dst)
+        _fsync_dir(dst.parent)
+
+    def _write_tmp(self, chunks: list[bytes]) -> Path:
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        tmp = self._tmp / uuid.uuid4().hex
+        with open(tmp, "wb") as f:
+            for c in chunks:
+                f.write(c)
+            f.flush()
+            os.fsync(f.fileno())
+        return tmp
+
+    async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
+        dst = self._path(key)
+
+        def go() -> str:
+            self._install(self._write_tmp([data]), dst, metadata)
+            return xxhash.xxh3_128_hexdigest(data)
+
+        return await self._run(f"PUT {key}", go)
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        path = self._path(key)
+
+        def go() -> bytes:
+            with open(path, "rb") as f:
+                f.seek(start)
+                return f.read(-1 if end is None else max(0, end - start))
+
+        return await self._run(f"GET {key}", go)
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+
+        def go() -> ObjectInfo | None:
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            if not os.path.isfile(path):
+                return None
+            try:
+                meta = json.loads(os.getxattr(path, _XATTR))
+            except OSError:
+                meta = {}
+            return ObjectInfo(key, st.st_size, f"{st.st_size:x}-{st.st_mtime_ns:x}", meta)
+
+        return await self._run(f"HEAD {key}", go)
+
+    async def delete(self, key: str) -> None:
+        path = self._path(key)
+
+        def go() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                _fsync_dir(path.parent)
+            parent = path.parent  # drop directories the key leaves empty
+            while parent != self.root:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+                parent = parent.parent
+
+        await self._run(f"DELETE {key}", go)
+
+    async def copy(self, src: str, dst: str) -> None:
+        s, d = self._path(src), self._path(dst)
+
+        def go() -> None:
+            self._tmp.mkdir(parents=True, exist_ok=True)
+            tmp = self._tmp / uuid.uuid4().hex
+            shutil.copyfile(s, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            try:
+                meta = json.loads(os.getxattr(s, _XATTR))
+            except OSError:
+                meta = {}
+            self._install(tmp, d, meta)
+
+        await self._run(f"COPY {src} -> {dst}", go)
+
+    async def iter_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        def go() -> list[ObjectInfo]:
+            found = []
+            for dirpath, dirnames, filenames in os.walk(self.root):
+                rel = os.path.relpath(dirpath, self.root)
+                if rel == ".":
+                    dirnames[:] = [d for d in dirnames if not d.startswith(_INTERNAL)]
+                    rel = ""
+                for name in filenames:
+                    key = f"{rel}/{name}" if rel else name
+                    if key.startswith(prefix):
+                        st = os.stat(os.path.join(dirpath, name))
+                        found.append(
+                            ObjectInfo(key, st.st_size, f"{st.st_size:x}-{st.st_mtime_ns:x}")
+                        )
+            return sorted(found, key=lambda o: o.key)
+
+        for info in await self._run(f"LIST {prefix}", go):
+            yield info
+
+    # -- multipart -------------------------------------------------------------------------------
+
+    def _upload_dir(self, upload_id: str) -> Path:
+        if not upload_id.isalnum():
+            raise NotFound(f"upload {upload_id!r}: not found", "NoSuchUpload")
+        return self._uploads / upload_id
+
+    async def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+        self._path(key)
+        upload_id = uuid.uuid4().hex
+
+        def go() -> str:
+            d = self._upload_dir(upload_id)
+            d.mkdir(parents=True)
+            (d / "upload.json").write_text(json.dumps({"key": key, "metadata": metadata}))
+            _fsync_dir(d)
+            return upload_id
+
+        return await self._run(f"CREATE-MULTIPART {key}", go)
+
+    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+        d = self._upload_dir(upload_id)
+
+        def go() -> str:
+            if not d.is_dir():
+                raise NotFound(f"PART {number} of {key}: no such upload", "NoSuchUpload")
+            etag = xxhash.xxh3_128_hexdigest(data)
+            tmp = self._write_tmp([data])
+            os.rename(tmp, d / f"part-{number:05}.{etag}")
+            for old in d.glob(f"part-{number:05}.*"):  # a part sent again replaces the old one
+                if old.name != f"part-{number:05}.{etag}":
+                    old.unlink()
+            _fsync_dir(d)
+            return etag
+
+        return await self._run(f"PART {number} of {key}", go)
+
+    async def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
+        d = self._upload_dir(upload_id)
+
+        def go() -> dict[int, str]:
+            if not d.is_dir():
+                raise NotFound(f"LIST-PARTS {key}: no such upload", "NoSuchUpload")
+            parts = {}
+            for p in d.glob("part-*"):
+                number, etag = p.name.removeprefix("part-").split(".", 1)
+                parts[int(number)] = etag
+            return parts
+
+        return await self._run(f"LIST-PARTS {key}", go)
+
+    async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> None:
+        d, dst = self._upload_dir(upload_id), self._path(key)
+
+        def go() -> None:
+            info = json.loads((d / "upload.json").read_text())
+            self._tmp.mkdir(parents=True, exist_ok=True)
+            tmp = self._tmp / uuid.uuid4().hex
+            with open(tmp, "wb") as out:
+                for n, etag in enumerate(etags, 1):
+                    part = d / f"part-{n:05}.{etag}"
+                    if not part.exists():
+                        raise StoreError(
+                            f"COMPLETE {key}: part {n} ({etag}) is missing",
+                            temporary=False,
+                            code="InvalidPart",
+                        )
+                    with open(part, "rb") as src:
+                        shutil.copyfileobj(src, out, 8 << 20)
+                out.flush()
+                os.fsync(out.fileno())
+            self._install(tmp, dst, info["metadata"])
+            shutil.rmtree(d)
+
+        await self._run(f"COMPLETE {key}", go)
+
+    async def abort_multipart(self, key: str, upload_id: str) -> None:
+        d = self._upload_dir(upload_id)
+        await self._run(f"ABORT {key}", lambda: shutil.rmtree(d, ignore_errors=True))
+
+    async def iter_uploads(self, prefix: str) -> AsyncIterator[Upload]:
+        def go() -> list[Upload]:
+            found = []
+            if self._uploads.is_dir():
+                for d in sorted(self._uploads.iterdir()):
+                    with contextlib.suppress(OSError, ValueError):
+                        key = json.loads((d / "upload.json").read_text())["key"]
+                        if key.startswith(prefix):
+                            found.append(Upload(key, d.name))
+            return found
+
+        for u in await self._run(f"LIST-UPLOADS {prefix}", go):
+            yield u

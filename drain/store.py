@@ -1,0 +1,128 @@
+"""The store interface: what the drain needs from an object store, and its one error type.
+
+Two implementations: :class:`drain.s3store.S3Store` (S3 and S3-compatible stores) and
+:class:`drain.filestore.FileStore` (a directory). Every call raises :class:`StoreError` and
+nothing else, already classified as temporary (worth retrying) or permanent (needs someone to
+fix something: credentials, the bucket, the request). Retrying is not the store's job: all
+retries live in :mod:`drain.retry`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+MIN_PART = 5 << 20  # S3: every part but the last
+MAX_PART = 5 << 30
+MAX_PARTS = 10_000
+MAX_OBJECT = 5 << 40
+
+
+class StoreError(Exception):
+    """A store call failed. ``temporary`` says whether the same call may succeed later."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        temporary: bool,
+        code: str = "",
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.temporary = temporary
+        self.code = code
+        self.retry_after = retry_after
+
+
+class NotFound(StoreError):
+    def __init__(self, message: str, code: str = "NoSuchKey") -> None:
+        super().__init__(message, temporary=False, code=code)
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Upload:
+    key: str
+    upload_id: str
+
+
+class Store(abc.ABC):
+    """Keys are full object keys (the store URL's prefix already applied)."""
+
+    url: str
+
+    @abc.abstractmethod
+    async def check(self) -> None:
+        """Raise StoreError unless the store exists and we may read and write it."""
+
+    @abc.abstractmethod
+    async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
+        """Store ``data`` under ``key`` in one request; returns the ETag."""
+
+    @abc.abstractmethod
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes [start, end) of an object; NotFound if there is none."""
+
+    @abc.abstractmethod
+    async def head(self, key: str) -> ObjectInfo | None: ...
+
+    @abc.abstractmethod
+    async def delete(self, key: str) -> None:
+        """Remove an object; a missing one is not an error."""
+
+    @abc.abstractmethod
+    async def copy(self, src: str, dst: str) -> None:
+        """Server-side copy, metadata included."""
+
+    @abc.abstractmethod
+    def iter_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        """Objects whose key starts with ``prefix``, in key order."""
+
+    # -- multipart -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+        """Start a multipart upload; returns its upload id."""
+
+    @abc.abstractmethod
+    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+        """Upload part ``number`` (1-based); returns its ETag."""
+
+    @abc.abstractmethod
+    async def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
+        """Parts the store has for an upload: number -> ETag. NotFound if the upload is gone."""
+
+    @abc.abstractmethod
+    async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> None:
+        """Assemble parts 1..len(etags) into the object."""
+
+    @abc.abstractmethod
+    async def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Forget an upload and its parts; an upload already gone is not an error."""
+
+    @abc.abstractmethod
+    def iter_uploads(self, prefix: str) -> AsyncIterator[Upload]:
+        """Uploads in progress under ``prefix`` (to find orphans)."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
+
+
+def part_size_for(size: int, preferred: int) -> int:
+    """The part size for an object of ``size`` bytes: ``preferred`` unless that would need more
+    than 10,000 parts; always within S3's 5 MiB..5 GiB, whole MiB."""
+    if size > MAX_OBJECT:
+        raise StoreError(f"{size} bytes is more than an object can hold (5 TiB)", temporary=False)
+    need = -(-size // MAX_PARTS)
+    part = max(preferred, need, MIN_PART)
+    part = -(-part // (1 << 20)) * (1 << 20)
+    return min(part, MAX_PART)

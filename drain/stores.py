@@ -1,0 +1,22 @@
+"""Open the store a URL names."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from drain.filestore import FileStore
+from drain.s3store import S3Store
+from drain.store import Store
+from drain.storeurl import StoreURL
+
+
+@contextlib.asynccontextmanager
+async def open_store(
+    url: StoreURL, endpoint_url: str | None = None, *, read_timeout: float = 60.0
+) -> AsyncIterator[Store]:
+    if url.scheme == "file":
+        yield FileStore(url)
+        return
+    async with S3Store.open(url, endpoint_url, read_timeout=read_timeout) as store:
+        yield store

@@ -1,0 +1,208 @@
+"""An HTTP/1.1 proxy on loopback that injects faults between the gateway and the S3 server.
+
+Faults apply to the next ``count`` requests whose method and path match:
+
+* ``slowdown``: answer 503 SlowDown with ``Retry-After`` instead of forwarding;
+* ``reset``: read the request head and half the body, then reset the connection;
+* ``stall``: hold the request for ``seconds`` before forwarding it (beyond a client timeout,
+  the client gives up and retries).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Fault:
+    kind: str
+    method: str = ".*"
+    path: str = ".*"
+    count: int = 1
+    seconds: float = 0.0
+    hits: int = 0
+
+    def matches(self, method: str, path: str) -> bool:
+        return (
+            self.hits < self.count
+            and re.fullmatch(self.method, method) is not None
+            and re.search(self.path, path) is not None
+        )
+
+
+SLOWDOWN = (
+    b"HTTP/1.1 503 Slow Down\r\nRetry-After: 1\r\nContent-Type: application/xml\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+)
+SLOWDOWN_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+def _read_head(sock: socket.socket, buf: bytearray) -> bytes | None:
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
+    end = buf.index(b"\r\n\r\n") + 4
+    head = bytes(buf[:end])
+    del buf[:end]
+    return head
+
+
+def _headers(head: bytes) -> dict[str, str]:
+    out = {}
+    for line in head.split(b"\r\n")[1:]:
+        if b":" in line:
+            k, v = line.split(b":", 1)
+            out[k.strip().lower().decode()] = v.strip().decode()
+    return out
+
+
+def _read_body(sock: socket.socket, buf: bytearray, headers: dict[str, str]) -> bytes:
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        out = bytearray()
+        while True:
+            while b"\r\n" not in buf:
+                buf += sock.recv(65536)
+            line_end = buf.index(b"\r\n")
+            size = int(bytes(buf[:line_end]).split(b";")[0], 16)
+            need = line_end + 2 + size + 2
+            while len(buf) < need:
+                buf += sock.recv(65536)
+            out += buf[line_end + 2 : line_end + 2 + size]
+            del buf[:need]
+            if size == 0:  # no trailers: our clients send none
+                return bytes(out)
+    n = int(headers.get("content-length", "0"))
+    while len(buf) < n:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    body = bytes(buf[:n])
+    del buf[:n]
+    return body
+
+
+@dataclass
+class FaultProxy:
+    upstream_port: int
+    faults: list[Fault] = field(default_factory=list)
+    log: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._closing = False
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def add(self, fault: Fault) -> Fault:
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    def close(self) -> None:
+        self._closing = True
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _take(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            for f in self.faults:
+                if f.matches(method, path):
+                    f.hits += 1
+                    return f
+        return None
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream: socket.socket | None = None
+        buf = bytearray()
+        try:
+            while True:
+                head = _read_head(client, buf)
+                if head is None:
+                    return
+                method, path = head.split(b" ", 2)[:2]
+                m, p = method.decode(), path.decode()
+                fault = self._take(m, p)
+                headers = _headers(head)
+                if fault is not None and fault.kind == "reset":
+                    n = int(headers.get("content-length", "0"))
+                    while len(buf) < n // 2:
+                        buf += client.recv(65536)
+                    self.log.append((m, p, "reset"))
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return
+                body = _read_body(client, buf, headers)
+                if fault is not None and fault.kind == "slowdown":
+                    self.log.append((m, p, "slowdown"))
+                    client.sendall(SLOWDOWN % (len(SLOWDOWN_BODY), SLOWDOWN_BODY))
+                    return
+                if fault is not None and fault.kind == "stall":
+                    self.log.append((m, p, "stall"))
+                    time.sleep(fault.seconds)
+                else:
+                    self.log.append((m, p, "ok"))
+                if upstream is None:
+                    upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+                # The body is already here: no 100-continue dance, and no chunking upstream.
+                lines = [
+                    ln
+                    for ln in head.split(b"\r\n")[:-2]
+                    if not ln.lower().startswith(
+                        (b"transfer-encoding", b"expect", b"content-length")
+                    )
+                ]
+                if (method != b"HEAD" and method != b"GET") or body:
+                    lines.append(b"Content-Length: %d" % len(body))
+                upstream.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+                self._relay_response(upstream, client, m)
+        except OSError:
+            return
+        finally:
+            client.close()
+            if upstream is not None:
+                upstream.close()
+
+    @staticmethod
+    def _relay_response(upstream: socket.socket, client: socket.socket, method: str) -> None:
+        ubuf = bytearray()
+        while True:
+            head = _read_head(upstream, ubuf)
+            if head is None:
+                raise OSError("upstream closed")
+            if not head.split(b" ", 2)[1].startswith(b"1"):
+                break  # skip interim 1xx responses
+        headers = _headers(head)
+        status = int(head.split(b" ", 2)[1])
+        if method == "HEAD" or status in (204, 304):
+            client.sendall(head)
+            return
+        body = _read_body(upstream, ubuf, headers)
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            lines = [
+                ln for ln in head.split(b"\r\n") if not ln.lower().startswith(b"transfer-encoding")
+            ]
+            head = b"\r\n".join(lines[:-2]) + b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+        client.sendall(head + body)
