@@ -183,7 +183,13 @@ class S3Store(Store):
             raise translate(e, what) from None
 
     async def check(self) -> None:
-        await self._call(f"checking bucket {self.bucket}", "head_bucket")
+        what = f"checking bucket {self.bucket}"
+        try:
+            await self._call(what, "head_bucket")
+        except NotFound:  # HEAD has no body: a bare 404 is all S3 says
+            raise StoreError(
+                f"{what}: the bucket does not exist", temporary=False, code="NoSuchBucket"
+            ) from None
 
     async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
         r = await self._call(

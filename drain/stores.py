@@ -6,7 +6,6 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from drain.filestore import FileStore
-from drain.s3store import S3Store
 from drain.store import Store
 from drain.storeurl import StoreURL
 
@@ -18,5 +17,7 @@ async def open_store(
     if url.scheme == "file":
         yield FileStore(url)
         return
+    from drain.s3store import S3Store  # botocore takes a second to import: only when needed
+
     async with S3Store.open(url, endpoint_url, read_timeout=read_timeout) as store:
         yield store

@@ -118,6 +118,8 @@ class OpenFiles:
             ino.writers -= 1
         if ino.attrs_dirty and ino.parent is not None:
             self.table.persist(ino)
+        if h.writable and ino.writers == 0 and ino.parent is not None:
+            self.table.on_written(ino)
         self.table.close_fd(ino)
         self.table.release_if_unused(ino)
 

@@ -14,6 +14,7 @@ from fsops.names import KeyRules
 from fsops.namespace import Namespace
 from fsops.operations import Operations
 from fsops.recovery import RecoveryReport, recover
+from fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,8 @@ class Filesystem:
             raise
         self.recovery: RecoveryReport = recover(self.journal, self.cache)
         self.table = InodeTable(self.journal, self.cache)
-        self.namespace = Namespace(self.table, KeyRules(opts.key_prefix))
+        self.keys = StoreKeys(self.table, opts.key_prefix)
+        self.namespace = Namespace(self.table, KeyRules(opts.key_prefix), self.keys)
         self.files = OpenFiles(self.table, opts.writeback_cache)
         self.operations = Operations(
             self.namespace,

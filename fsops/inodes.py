@@ -16,6 +16,7 @@ import errno
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -38,6 +39,7 @@ class Inode(InodeRow):
     fd: int = -1  # cache file descriptor while opens > 0 or writes are in flight
     dfd: int = -1  # its O_DIRECT twin, when the cache disk supports direct I/O
     inflight: int = 0  # writes waiting on a worker thread (they use fd and dfd)
+    pins: int = 0  # references held by the drain while it uploads the inode
     attrs_dirty: bool = False  # size/times changed since the journal row was written
     entry_synced: bool = True  # the cache file's directory entry is durable
     unsynced_bytes: int = 0  # written since the last early write-back kick
@@ -57,9 +59,17 @@ class InodeTable:
         self.journal = journal
         self.cache = cache
         self._mem: dict[int, Inode] = {}
+        # Set by the drain engine: the content of an uploading inode is about to change; and
+        # the last writer of an inode is done with it (it may become eligible for the drain).
+        self.on_content_change: Callable[[int], None] = lambda inode: None
+        self.on_written: Callable[[Inode], None] = lambda ino: None
 
     def __len__(self) -> int:
         return len(self._mem)
+
+    def peek(self, inode: int) -> Inode | None:
+        """The inode if it is in memory, without loading it."""
+        return self._mem.get(inode)
 
     def get(self, inode: int) -> Inode:
         ino = self._mem.get(inode)
@@ -104,8 +114,10 @@ class InodeTable:
         self.release_if_unused(ino)
 
     def release_if_unused(self, ino: Inode) -> None:
-        if ino.lookups > 0 or ino.opens > 0 or ino.id == ROOT_INODE:
+        if ino.lookups > 0 or ino.opens > 0 or ino.pins > 0 or ino.id == ROOT_INODE:
             return
+        if self._mem.get(ino.id) is not ino:
+            return  # already released
         del self._mem[ino.id]
         if ino.parent is None:
             self.destroy(ino.id)
@@ -118,7 +130,7 @@ class InodeTable:
         Returns True when the row went: the caller removes the cache file after its
         transaction commits, so a rolled-back transaction never loses content."""
         ino.parent, ino.name = None, None
-        if ino.lookups > 0 or ino.opens > 0:
+        if ino.lookups > 0 or ino.opens > 0 or ino.pins > 0:
             self.journal.set_name(ino.id, None, None)
             return False
         self._mem.pop(ino.id, None)
@@ -149,9 +161,12 @@ class InodeTable:
             return
         ino.dirtying = trio.Event()
         try:
+            was_uploading = ino.state is State.UPLOADING
             ino.state = State.DIRTY
             ino.generation += 1
             self.persist(ino)
+            if was_uploading:
+                self.on_content_change(ino.id)
             await self.journal.barrier()
         finally:
             ino.dirtying.set()

@@ -58,16 +58,39 @@ class InodeRow:
     target: bytes | None
     state: State
     generation: int
+    stored_key: str | None = None
+    stored_etag: str | None = None
+    checksum: str | None = None
 
 
 _INODE_COLS = (
     "id, parent, name, mode, uid, gid, size, atime_ns, mtime_ns, ctime_ns, target, state, "
-    "generation"
+    "generation, stored_key, stored_etag, checksum"
 )
 
 
 _IS_DIR = f"(mode & {stat.S_IFMT(0xFFFFFFFF)}) = {stat.S_IFDIR}"
 _IS_REG = f"(mode & {stat.S_IFMT(0xFFFFFFFF)}) = {stat.S_IFREG}"
+
+
+@dataclass
+class UploadRow:
+    inode: int
+    generation: int
+    key: str
+    upload_id: str | None
+    part_size: int
+    size: int
+    checksum: str
+
+
+@dataclass
+class StoreOp:
+    id: int
+    kind: str
+    src: str
+    dst: str | None
+    etag: str | None
 
 
 def _row(r: tuple[object, ...]) -> InodeRow:
@@ -111,11 +134,44 @@ _SCHEMA = """
             target     BLOB,                  -- symlink target, NULL otherwise
             state      TEXT NOT NULL,         -- dirty | uploading | clean | remote (State)
             generation INTEGER NOT NULL DEFAULT 1, -- bumped on every transition into dirty
+            stored_key  TEXT,                 -- where the store holds this inode's content
+            stored_etag TEXT,                 --   (NULL: nowhere; see ARCHITECTURE.md)
+            checksum   TEXT,                  -- xxh3-128 of the content at stored_key
             UNIQUE (parent, name)
         );
         -- readdir walks a directory in inode-number order: offsets stay stable while entries
         -- are added or removed, and a rename never moves an entry within its directory.
         CREATE INDEX inodes_by_parent ON inodes (parent, id);
+
+        -- One row per upload in progress: what is being uploaded, so that a restart
+        -- resumes it (same generation) or aborts it (anything changed).
+        CREATE TABLE uploads (
+            inode      INTEGER PRIMARY KEY,
+            generation INTEGER NOT NULL,      -- the content generation being uploaded
+            key        TEXT NOT NULL,         -- the object key it goes to
+            upload_id  TEXT,                  -- multipart upload id; NULL for a single PUT
+            part_size  INTEGER NOT NULL,
+            size       INTEGER NOT NULL,
+            checksum   TEXT NOT NULL          -- xxh3-128 of the content, also in the metadata
+        );
+
+        -- Finished parts of multipart uploads.
+        CREATE TABLE parts (
+            inode  INTEGER NOT NULL,
+            number INTEGER NOT NULL,
+            etag   TEXT NOT NULL,
+            PRIMARY KEY (inode, number)
+        ) WITHOUT ROWID;
+
+        -- Store operations a namespace change implies, committed with it and done in id order:
+        -- 'move' (server-side copy src -> dst, then delete src) and 'delete' (src).
+        CREATE TABLE store_ops (
+            id     INTEGER PRIMARY KEY,
+            kind   TEXT NOT NULL,            -- move | delete
+            src    TEXT NOT NULL,
+            dst    TEXT,
+            etag   TEXT                      -- the etag src must still have (move)
+        );
 
         CREATE TABLE xattrs (
             inode INTEGER NOT NULL,
@@ -143,7 +199,7 @@ class Journal:
                 now = time.time_ns()
                 self.db.execute(
                     f"INSERT INTO inodes ({_INODE_COLS}) "
-                    "VALUES (?, NULL, NULL, ?, ?, ?, 0, ?, ?, ?, NULL, ?, 1)",
+                    "VALUES (?, NULL, NULL, ?, ?, ?, 0, ?, ?, ?, NULL, ?, 1, NULL, NULL, NULL)",
                     (ROOT_INODE, 0o40755, os.getuid(), os.getgid(), now, now, now, State.CLEAN),
                 )
                 self.db.executemany(
@@ -230,7 +286,7 @@ class Journal:
     def update_attrs(self, row: InodeRow) -> None:
         self.db.execute(
             "UPDATE inodes SET mode=?, uid=?, gid=?, size=?, atime_ns=?, mtime_ns=?, ctime_ns=?, "
-            "state=?, generation=? WHERE id=?",
+            "state=?, generation=?, stored_key=?, stored_etag=?, checksum=? WHERE id=?",
             (
                 row.mode,
                 row.uid,
@@ -241,6 +297,9 @@ class Journal:
                 row.ctime_ns,
                 row.state,
                 row.generation,
+                row.stored_key,
+                row.stored_etag,
+                row.checksum,
                 row.id,
             ),
         )
@@ -256,6 +315,8 @@ class Journal:
 
     def delete(self, inode: int) -> None:
         self.db.execute("DELETE FROM xattrs WHERE inode = ?", (inode,))
+        self.db.execute("DELETE FROM parts WHERE inode = ?", (inode,))
+        self.db.execute("DELETE FROM uploads WHERE inode = ?", (inode,))
         self.db.execute("DELETE FROM inodes WHERE id = ?", (inode,))
 
     def has_children(self, inode: int) -> bool:
@@ -342,6 +403,84 @@ class Journal:
             f"WHERE {_IS_REG} GROUP BY state"
         ).fetchall()
         return {State(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+    def subtree(self, inode: int) -> list[tuple[int, str]]:
+        """Every descendant of a directory with its path relative to it ("a/b")."""
+        rows = self.db.execute(
+            """
+            WITH RECURSIVE sub(id, rel) AS (
+                SELECT id, CAST(name AS TEXT) FROM inodes WHERE parent = ?
+                UNION ALL
+                SELECT i.id, sub.rel || '/' || CAST(i.name AS TEXT)
+                  FROM inodes i JOIN sub ON i.parent = sub.id
+            )
+            SELECT id, rel FROM sub
+            """,
+            (inode,),
+        ).fetchall()
+        return [(int(r[0]), str(r[1])) for r in rows]
+
+    def dirty_files(self) -> list[int]:
+        rows = self.db.execute(
+            f"SELECT id FROM inodes WHERE {_IS_REG} AND state IN (?, ?) AND parent IS NOT NULL",
+            (State.DIRTY, State.UPLOADING),
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    # -- uploads and store operations ------------------------------------------------------------
+
+    def get_upload(self, inode: int) -> UploadRow | None:
+        r = self.db.execute(
+            "SELECT inode, generation, key, upload_id, part_size, size, checksum FROM uploads "
+            "WHERE inode = ?",
+            (inode,),
+        ).fetchone()
+        return None if r is None else UploadRow(*r)
+
+    def all_uploads(self) -> list[UploadRow]:
+        rows = self.db.execute(
+            "SELECT inode, generation, key, upload_id, part_size, size, checksum FROM uploads"
+        ).fetchall()
+        return [UploadRow(*r) for r in rows]
+
+    def put_upload(self, u: UploadRow) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO uploads VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (u.inode, u.generation, u.key, u.upload_id, u.part_size, u.size, u.checksum),
+        )
+
+    def drop_upload(self, inode: int) -> None:
+        self.db.execute("DELETE FROM uploads WHERE inode = ?", (inode,))
+        self.db.execute("DELETE FROM parts WHERE inode = ?", (inode,))
+
+    def parts(self, inode: int) -> dict[int, str]:
+        rows = self.db.execute("SELECT number, etag FROM parts WHERE inode = ?", (inode,))
+        return {int(r[0]): str(r[1]) for r in rows}
+
+    def add_part(self, inode: int, number: int, etag: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO parts VALUES (?, ?, ?)", (inode, number, etag))
+
+    def add_store_op(
+        self, kind: str, src: str, dst: str | None = None, etag: str | None = None
+    ) -> None:
+        self.db.execute(
+            "INSERT INTO store_ops (kind, src, dst, etag) VALUES (?, ?, ?, ?)",
+            (kind, src, dst, etag),
+        )
+
+    def store_ops(self, limit: int = 1000) -> list[StoreOp]:
+        rows = self.db.execute(
+            "SELECT id, kind, src, dst, etag FROM store_ops ORDER BY id LIMIT ?", (limit,)
+        ).fetchall()
+        return [StoreOp(*r) for r in rows]
+
+    def done_store_op(self, op_id: int) -> None:
+        self.db.execute("DELETE FROM store_ops WHERE id = ?", (op_id,))
+
+    def pending_keys(self) -> set[str]:
+        """Keys that a pending store operation reads or writes."""
+        rows = self.db.execute("SELECT src, dst FROM store_ops").fetchall()
+        return {k for r in rows for k in r if k is not None}
 
     # -- xattrs --------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import pyfuse3
 from fsops.inodes import Inode, InodeTable, fs_error
 from fsops.journal import InodeRow, Journal, State
 from fsops.names import KeyRules
+from fsops.storekeys import StoreKeys
 
 
 class Caller(Protocol):
@@ -46,10 +47,11 @@ class AttrChange:
 
 
 class Namespace:
-    def __init__(self, table: InodeTable, rules: KeyRules) -> None:
+    def __init__(self, table: InodeTable, rules: KeyRules, keys: StoreKeys) -> None:
         self.table = table
         self.journal: Journal = table.journal
         self.rules = rules
+        self.keys = keys
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -182,6 +184,8 @@ class Namespace:
     def _remove(self, parent: Inode, ino: Inode) -> None:
         now = time.time_ns()
         with self.journal.transaction():
+            if ino.is_reg:
+                self.keys.unlinked(ino)
             freed = self.table.unlink(ino)
             self.journal.touch_dir(parent.id, now)
         parent.mtime_ns = parent.ctime_ns = now
@@ -233,17 +237,28 @@ class Namespace:
                 self.journal.set_name(src.id, new_parent.id, new_name)
                 self.journal.set_name(dst.id, old_parent.id, old_name)
                 dst.parent, dst.name, dst.ctime_ns = old_parent.id, old_name, now
+                self._moved(dst)
             elif dst is not None:
+                if dst.is_reg:
+                    self.keys.unlinked(dst)
                 freed = self.table.unlink(dst)
                 self.journal.set_name(src.id, new_parent.id, new_name)
             else:
                 self.journal.set_name(src.id, new_parent.id, new_name)
+            self._moved(src)
             src.parent, src.name, src.ctime_ns = new_parent.id, new_name, now
             for d in {old_parent.id: old_parent, new_parent.id: new_parent}.values():
                 self.journal.touch_dir(d.id, now)
                 d.mtime_ns = d.ctime_ns = now
         if freed and dst is not None:
             self.table.cache.remove(dst.id)
+
+    def _moved(self, ino: Inode) -> None:
+        """Its name is already changed in the journal: move what the store holds."""
+        if ino.is_dir:
+            self.keys.moved_tree(ino.id, self.keys.key_of(ino.id))
+        elif ino.is_reg:
+            self.keys.moved(ino.id, self.keys.key_of(ino.id))
 
     def _check_moved_key(self, ino: Inode, new_parent: Inode, new_name: bytes) -> None:
         subtree = self.journal.longest_suffix(ino.id) if ino.is_dir else 0
@@ -277,6 +292,8 @@ class Namespace:
             ino.mtime_ns = change.mtime_ns
         ino.ctime_ns = change.ctime_ns if change.ctime_ns is not None else now
         self.table.persist(ino)
+        if change.size is not None and ino.writers == 0 and ino.parent is not None:
+            self.table.on_written(ino)  # truncated without an open handle
         return ino
 
     def readlink(self, inode: int) -> bytes:

@@ -109,6 +109,9 @@ def _start_in_background(argv: list[str], mountpoint: Path) -> int:
     text = line.decode(errors="replace").strip()
     if text == "ok":
         return 0
+    if text.startswith("ok warning: "):
+        print(f"ckptgw: warning: {text.removeprefix('ok warning: ')}", file=sys.stderr)
+        return 0
     if text.startswith("error: "):
         proc.wait(timeout=30)
         raise UserError(text.removeprefix("error: "))

@@ -17,6 +17,14 @@ Example (every key optional)::
     attr_timeout = 1.0
     writeback_cache = true    # the kernel's write-back cache for the mount
 
+    [drain]
+    settle = 1.0              # seconds a closed file stays quiet before it is uploaded
+    max_files = 4             # files uploading at once
+    max_parts = 8             # multipart parts in flight (memory: max_parts x part_size)
+    part_size = "16MiB"
+    multipart_threshold = "16MiB"
+    permanent_retry = 60.0    # seconds between retries after a permanent error (403, 404)
+
     [log]
     level = "info"
 """
@@ -80,6 +88,12 @@ class Config:
     direct_io: bool = True
     log_level: str = "info"
     foreground: bool = False
+    settle: float = 1.0
+    max_files: int = 4
+    max_parts: int = 8
+    part_size: int = 16 << 20
+    multipart_threshold: int = 16 << 20
+    permanent_retry: float = 60.0
 
 
 _KNOWN = {
@@ -87,6 +101,14 @@ _KNOWN = {
     "cache": {"dir", "reserve", "early_writeback", "direct_io"},
     "mount": {"allow_other", "attr_timeout", "writeback_cache"},
     "log": {"level"},
+    "drain": {
+        "settle",
+        "max_files",
+        "max_parts",
+        "part_size",
+        "multipart_threshold",
+        "permanent_retry",
+    },
 }
 
 
@@ -118,7 +140,7 @@ def load_config(
     foreground: bool = False,
 ) -> Config:
     data = _read_toml(Path(config_file)) if config_file else {}
-    st, ca, mo, lg = (data.get(k, {}) for k in ("store", "cache", "mount", "log"))
+    st, ca, mo, lg, dr = (data.get(k, {}) for k in ("store", "cache", "mount", "log", "drain"))
     mp = Path(os.path.abspath(mountpoint))
 
     url = store or st.get("url") or f"file://{data_home() / 'store'}"
@@ -147,4 +169,23 @@ def load_config(
         direct_io=bool(ca.get("direct_io", True)),
         log_level=level,
         foreground=foreground,
+        settle=_number(dr, "settle", 1.0, float),
+        max_files=int(_number(dr, "max_files", 4, int, minimum=1)),
+        max_parts=int(_number(dr, "max_parts", 8, int, minimum=1)),
+        part_size=parse_size(dr.get("part_size", 16 << 20), "drain.part_size"),
+        multipart_threshold=parse_size(
+            dr.get("multipart_threshold", 16 << 20), "drain.multipart_threshold"
+        ),
+        permanent_retry=_number(dr, "permanent_retry", 60.0, float, minimum=0.1),
     )
+
+
+def _number(
+    section: dict[str, Any], key: str, default: float, kind: type, minimum: float = 0
+) -> float:
+    value = section.get(key, default)
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < minimum:
+        raise UserError(f"config: drain.{key} = {value!r} is not a number >= {minimum}")
+    if kind is int and not isinstance(value, int):
+        raise UserError(f"config: drain.{key} = {value!r} is not a whole number")
+    return float(value)

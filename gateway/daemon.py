@@ -18,6 +18,11 @@ from pathlib import Path
 import pyfuse3
 import trio
 
+from drain.engine import DrainConfig, DrainEngine
+from drain.retry import RetryPolicy, retrying
+from drain.store import Store, StoreError
+from drain.stores import open_store
+from drain.upload import UploadConfig
 from fsops.filesystem import Filesystem, FsOptions
 from fsops.journal import JournalError
 from gateway import registry
@@ -47,8 +52,8 @@ class Readiness:
                 pass
             self._fd = None
 
-    def ok(self) -> None:
-        self._send("ok")
+    def ok(self, warning: str | None = None) -> None:
+        self._send("ok" if warning is None else f"ok warning: {warning}")
         notify = os.environ.get("NOTIFY_SOCKET")
         if notify:
             addr = "\0" + notify[1:] if notify.startswith("@") else notify
@@ -149,7 +154,7 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
         )
         signalled = False
         try:
-            signalled = trio.run(_serve, ready)
+            signalled = trio.run(_serve, fs, cfg, ready)
         finally:
             # After a signal we unmount ourselves; after `fusermount3 -u` the kernel already did.
             pyfuse3.close(unmount=signalled)
@@ -160,8 +165,35 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
     return 0
 
 
-async def _serve(ready: Readiness) -> bool:
-    """Run the FUSE loop; returns True if a signal ended it."""
+def drain_config(cfg: Config) -> DrainConfig:
+    return DrainConfig(
+        settle=cfg.settle,
+        max_files=cfg.max_files,
+        max_parts=cfg.max_parts,
+        permanent_retry=cfg.permanent_retry,
+        upload=UploadConfig(
+            multipart_threshold=max(cfg.multipart_threshold, 5 << 20),
+            part_size=cfg.part_size,
+        ),
+    )
+
+
+async def check_store(store: Store) -> str | None:
+    """A one-line warning if the store cannot be used now; the mount goes ahead regardless."""
+    try:
+        await retrying("checking the store", store.check, MOUNT_CHECK)
+    except StoreError as e:
+        msg = f"store {store.url}: {e}; data stays in the cache until this is fixed"
+        log.warning("%s", msg)
+        return msg
+    return None
+
+
+MOUNT_CHECK = RetryPolicy(attempts=3, base=0.2, cap=2.0)
+
+
+async def _serve(fs: Filesystem, cfg: Config, ready: Readiness) -> bool:
+    """Run the FUSE loop and the drain; returns True if a signal ended it."""
     signalled = False
 
     async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -174,10 +206,12 @@ async def _serve(ready: Readiness) -> bool:
                 pyfuse3.terminate()
                 return
 
-    async with trio.open_nursery() as nursery:
+    async with open_store(cfg.store, cfg.endpoint_url) as store, trio.open_nursery() as nursery:
         await nursery.start(on_signals)
-        ready.ok()
+        warning = await check_store(store)
+        await nursery.start(DrainEngine(fs, store, drain_config(cfg)).run)
+        ready.ok(warning)
         log.info("mounted")
         await pyfuse3.main()
-        nursery.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()  # uploads in progress keep their records and resume
     return signalled

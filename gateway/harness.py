@@ -6,6 +6,7 @@ can, else lazily, and kills a daemon that does not exit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -53,7 +54,8 @@ class Gateway:
         return r
 
     def start(self) -> Self:
-        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # a stale mount answers ENOTCONN: mount clears it
+            self.mountpoint.mkdir(parents=True, exist_ok=True)
         self.cli(
             "mount",
             str(self.mountpoint),

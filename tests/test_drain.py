@@ -1,0 +1,272 @@
+"""The drain through a real mount: every file reaches the store under its own path, byte for
+byte, and renames, unlinks and writes before, during and after the upload leave the store
+with the current data under the current names only. Against the file store and against a
+real S3 HTTP API (moto) behind a fault-injecting proxy."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pytest
+import xxhash
+
+from tests.conftest import CheckedGateway, GatewayFactory, needs_fuse
+from tests.faultproxy import Fault, FaultProxy
+
+pytestmark = [pytest.mark.mount, needs_fuse]
+
+
+def wait_for(what: str, predicate: Callable[[], bool], timeout: float = 60) -> None:
+    """Poll until ``predicate`` holds (a bounded wait, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@dataclass
+class Bucket:
+    """A read-only view of what the store holds, for assertions."""
+
+    objects: Callable[[], dict[str, bytes]]
+    metadata: Callable[[str], dict[str, str]]
+
+
+@dataclass
+class DrainSetup:
+    gw: CheckedGateway
+    store: Bucket
+    proxy: FaultProxy | None
+
+
+def write_config(path: Path, **drain: object) -> Path:
+    lines = ["[drain]"] + [
+        f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"' for k, v in drain.items()
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(params=["file", "s3"])
+def drain(
+    request: pytest.FixtureRequest, gateway: GatewayFactory, tmp_path: Path
+) -> Iterator[Callable[..., DrainSetup]]:
+    proxies: list[FaultProxy] = []
+
+    def make(**drain_cfg: object) -> DrainSetup:
+        drain_cfg = {"settle": 0.2, "part_size": "5MiB", "multipart_threshold": "5MiB"} | drain_cfg
+        cfg = write_config(tmp_path / "drain.toml", **drain_cfg)
+        if request.param == "file":
+            root = tmp_path / "store"
+            gw = gateway("gw", "--config", str(cfg), store=f"file://{root}")
+
+            def objects() -> dict[str, bytes]:
+                out = {}
+                for p in root.rglob("*"):
+                    rel = p.relative_to(root).as_posix()
+                    if p.is_file() and not rel.startswith(".ckptgw-"):
+                        try:
+                            out[rel] = p.read_bytes()
+                        except FileNotFoundError:
+                            continue  # deleted between the listing and the read
+                return out
+
+            def metadata(key: str) -> dict[str, str]:
+                import json
+
+                return dict(json.loads(os.getxattr(root / key, "user.ckptgw")))
+
+            return DrainSetup(gw, Bucket(objects, metadata), None)
+        endpoint = request.getfixturevalue("s3_endpoint")
+        bucket = request.getfixturevalue("bucket")
+        proxy = FaultProxy(int(endpoint.rsplit(":", 1)[1]))
+        proxies.append(proxy)
+        gw = gateway(
+            "gw", "--config", str(cfg), "--endpoint-url", proxy.url, store=f"s3://{bucket}/ckpt/"
+        )
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+        def s3_objects() -> dict[str, bytes]:
+            out = {}
+            for o in s3.list_objects_v2(Bucket=bucket, Prefix="ckpt/").get("Contents", []):
+                try:
+                    body = s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+                except s3.exceptions.NoSuchKey:
+                    continue  # deleted between the listing and the read: the drain is moving
+                out[o["Key"].removeprefix("ckpt/")] = body
+            return out
+
+        def s3_metadata(key: str) -> dict[str, str]:
+            return dict(s3.head_object(Bucket=bucket, Key=f"ckpt/{key}")["Metadata"])
+
+        return DrainSetup(gw, Bucket(s3_objects, s3_metadata), proxy)
+
+    yield make
+    for p in proxies:
+        p.close()
+
+
+def settle_on(store: Bucket, expected: dict[str, bytes], timeout: float = 60) -> None:
+    def done() -> bool:
+        return store.objects() == expected
+
+    try:
+        wait_for("the store to hold exactly the expected objects", done, timeout)
+    except AssertionError:
+        got = store.objects()
+        raise AssertionError(
+            f"store has {sorted(got)} (sizes {[len(v) for v in got.values()]}), "
+            f"expected {sorted(expected)}"
+        ) from None
+
+
+def test_files_reach_the_store_byte_for_byte(drain: Callable[..., DrainSetup]) -> None:
+    d = drain()
+    mnt = d.gw.mountpoint
+    small, big = os.urandom(1000), os.urandom(13 << 20) + b"tail"
+    (mnt / "run1" / "step_1").mkdir(parents=True)
+    (mnt / "run1" / "step_1" / "small.pt").write_bytes(small)
+    (mnt / "run1" / "step_1" / "big.pt").write_bytes(big)
+    (mnt / "empty").write_bytes(b"")
+    settle_on(d.store, {"run1/step_1/small.pt": small, "run1/step_1/big.pt": big, "empty": b""})
+    meta = d.store.metadata("run1/step_1/big.pt")
+    assert meta["xxh3-128"] == xxhash.xxh3_128_hexdigest(big)
+    assert meta["size"] == str(len(big))
+
+
+def test_rename_before_upload_only_changes_the_key(drain: Callable[..., DrainSetup]) -> None:
+    d = drain(settle=1.0)
+    mnt = d.gw.mountpoint
+    data = os.urandom(6 << 20)
+    with open(mnt / "ckpt.pt.tmp", "wb") as f:
+        f.write(data)
+        os.fsync(f.fileno())
+    os.rename(mnt / "ckpt.pt.tmp", mnt / "ckpt.pt")
+    settle_on(d.store, {"ckpt.pt": data})
+    if d.proxy is not None:  # no request ever named the temp file
+        assert not [p for _, p, _ in d.proxy.log if "tmp" in p]
+
+
+def test_rename_and_unlink_of_drained_data(drain: Callable[..., DrainSetup]) -> None:
+    d = drain()
+    mnt = d.gw.mountpoint
+    (mnt / "old").mkdir()
+    files = {f"old/rank_{i}.distcp": os.urandom(2000 + i) for i in range(30)}
+    for k, v in files.items():
+        (mnt / k).write_bytes(v)
+    (mnt / "gone.pt").write_bytes(b"bye")
+    (mnt / "a.pt").write_bytes(b"A")
+    settle_on(d.store, files | {"gone.pt": b"bye", "a.pt": b"A"})
+    os.rename(mnt / "old", mnt / "new")  # a directory of drained files: copy + delete each
+    os.unlink(mnt / "gone.pt")
+    os.rename(mnt / "a.pt", mnt / "b.pt")
+    renamed = {k.replace("old/", "new/"): v for k, v in files.items()}
+    settle_on(d.store, renamed | {"b.pt": b"A"})
+
+
+def test_changes_during_the_upload_end_with_current_data_only(
+    drain: Callable[..., DrainSetup],
+) -> None:
+    d = drain(max_parts=1)
+    mnt = d.gw.mountpoint
+    if d.proxy is not None:  # hold each upload mid-way so the changes land during it
+        d.proxy.add(Fault("stall", "PUT", r"partNumber=2", count=3, seconds=1.5))
+    v1, v2 = os.urandom(12 << 20), os.urandom(11 << 20)
+    (mnt / "written.pt").write_bytes(v1)
+    (mnt / "renamed.pt").write_bytes(v1)
+    (mnt / "unlinked.pt").write_bytes(v1)
+    time.sleep(0.6)  # let the uploads start (settle 0.2 s); the outcome must not depend on it
+    (mnt / "written.pt").write_bytes(v2)
+    os.rename(mnt / "renamed.pt", mnt / "final.pt")
+    os.unlink(mnt / "unlinked.pt")
+    settle_on(d.store, {"written.pt": v2, "final.pt": v1})
+
+
+@pytest.mark.parametrize("drain", ["s3"], indirect=True)  # counts requests at the S3 proxy
+def test_resume_after_sigkill_does_not_resend_finished_parts(
+    drain: Callable[..., DrainSetup],
+) -> None:
+    d = drain(max_parts=1, settle=0.1)
+    assert d.proxy is not None
+    data = os.urandom(30 << 20)  # 6 parts of 5 MiB
+    d.proxy.add(Fault("stall", "PUT", r"partNumber=4", count=1, seconds=30))
+    (d.gw.mountpoint / "big.pt").write_bytes(data)
+    proxy = d.proxy
+
+    def parts() -> list[str]:
+        return [p for m, p, _ in proxy.log if m == "PUT" and "partNumber" in p]
+
+    wait_for("parts 1-3 to be sent and part 4 to stall", lambda: len(parts()) >= 4)
+    d.gw.kill()
+    acked = {
+        p.split("partNumber=")[1].split("&")[0]
+        for m, p, outcome in proxy.log
+        if m == "PUT" and "partNumber" in p and outcome == "ok"
+    }
+    assert len(acked) >= 3, acked
+    d.proxy.log.clear()
+    d.gw.start()
+    settle_on(d.store, {"big.pt": data})
+    resent = {p.split("partNumber=")[1].split("&")[0] for p in parts()}
+    assert resent.isdisjoint(acked), f"parts sent again after resume: {resent & acked}"
+    assert "resuming upload" in (d.gw.cache_dir / "ckptgw.log").read_text()
+
+
+@pytest.mark.parametrize("drain", ["s3"], indirect=True)  # faults injected at the S3 proxy
+def test_faults_lose_nothing(drain: Callable[..., DrainSetup]) -> None:
+    d = drain()
+    assert d.proxy is not None
+    d.proxy.add(Fault("slowdown", "PUT", ".*", count=3))
+    d.proxy.add(Fault("reset", "PUT", r"partNumber", count=2))
+    files = {f"f{i}.pt": os.urandom((7 << 20) if i % 2 else 3000) for i in range(6)}
+    for k, v in files.items():
+        (d.gw.mountpoint / k).write_bytes(v)
+    settle_on(d.store, files)
+    kinds = [o for _, _, o in d.proxy.log]
+    assert kinds.count("slowdown") == 3 and kinds.count("reset") == 2
+
+
+def test_missing_bucket_warns_at_mount_and_keeps_the_data(
+    gateway: GatewayFactory, s3_endpoint: str, s3_env: object, tmp_path: Path
+) -> None:
+    cfg = write_config(tmp_path / "d.toml", settle=0.1, permanent_retry=0.5)
+    gw = gateway(
+        "gw",
+        "--config",
+        str(cfg),
+        "--endpoint-url",
+        s3_endpoint,
+        store="s3://late-bucket-ckptgw/",
+        start=False,
+    )
+    gw.mountpoint.mkdir(parents=True)
+    r = gw.cli(
+        "mount",
+        str(gw.mountpoint),
+        "--cache-dir",
+        str(gw.cache_dir),
+        "--store",
+        gw.store,
+        *gw.extra_args,
+    )
+    assert r.returncode == 0
+    assert "warning" in r.stderr and "bucket does not exist" in r.stderr
+    assert r.stderr.count("\n") == 1
+    gw.pid = gw._entry().pid  # type: ignore[union-attr]
+    gw.expect_errors = True  # the failed uploads are logged as errors, by design
+    (gw.mountpoint / "kept.pt").write_bytes(b"written while the bucket was missing")
+    time.sleep(1)
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    s3.create_bucket(Bucket="late-bucket-ckptgw")  # the cause is fixed: no remount needed
+    wait_for(
+        "the upload after the bucket exists",
+        lambda: s3.list_objects_v2(Bucket="late-bucket-ckptgw").get("KeyCount", 0) == 1,
+    )
+    body = s3.get_object(Bucket="late-bucket-ckptgw", Key="kept.pt")["Body"].read()
+    assert body == b"written while the bucket was missing"
