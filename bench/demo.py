@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from gateway.harness import Gateway
+from gateway.harness import Gateway, exit_on_sigterm
 
 
 def say(msg: str) -> None:
@@ -55,6 +55,7 @@ def save_checkpoint(state: dict[str, object], path: Path) -> float:
 
 
 def main() -> None:
+    exit_on_sigterm()
     work = Path(tempfile.mkdtemp(prefix="ckptgw-demo-"))
     gw = Gateway(
         work / "mnt",

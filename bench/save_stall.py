@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from gateway.harness import Gateway
+from gateway.harness import Gateway, exit_on_sigterm
 
 TARGET = 1.25
 
@@ -121,6 +121,7 @@ def measure(disk_dir: Path, mnt_dir: Path, runs: int, size: int) -> dict[str, ob
 
 
 def main() -> None:
+    exit_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--runs", type=int, default=5)

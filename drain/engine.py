@@ -36,10 +36,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DrainConfig:
-    settle: float = 1.0
+    settle: float = 0.2
     max_files: int = 4
     max_parts: int = 8
     permanent_retry: float = 60.0
+    orphan_age: float = 86400.0  # abort unknown multipart uploads older than this
     upload: UploadConfig = field(default_factory=UploadConfig)
 
 
@@ -105,6 +106,7 @@ class DrainEngine:
         task_status.started()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._ops_loop)
+            nursery.start_soon(self._abort_orphans)
             while True:
                 self._start_due(nursery)
                 self._wake = trio.Event()
@@ -128,6 +130,8 @@ class DrainEngine:
             if ino.writers > 0:
                 del self._due[inode]  # the last writer's release schedules it again
                 continue
+            if ino.syncing > 0:
+                continue  # the end of the fsync schedules it again
             key = self.fs.keys.key_of(inode)
             if pending is None:
                 pending = self.journal.pending_keys()
@@ -260,6 +264,19 @@ class DrainEngine:
                 ino.generation += 1
                 self.table.persist(ino)
                 self._due[ino.id] = time.monotonic()
+
+    async def _abort_orphans(self) -> None:
+        """Abort multipart uploads under our prefix that no journal entry wants. Other nodes
+        may share the prefix, so only uploads older than ``orphan_age`` are touched."""
+        known = {r.upload_id for r in self.journal.all_uploads() if r.upload_id}
+        cutoff = time.time() - self.config.orphan_age
+        try:
+            async for u in self.store.iter_uploads(self.fs.keys.prefix):
+                if u.upload_id not in known and u.initiated < cutoff:
+                    log.info("aborting orphaned upload of %s (%s)", u.key, u.upload_id)
+                    await self.store.abort_multipart(u.key, u.upload_id)
+        except StoreError as e:
+            log.warning("could not look for orphaned uploads: %s", e)
 
     # -- start-up ----------------------------------------------------------------------------------
 

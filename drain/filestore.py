@@ -279,7 +279,7 @@ class FileStore(Store):
                     with contextlib.suppress(OSError, ValueError):
                         key = json.loads((d / "upload.json").read_text())["key"]
                         if key.startswith(prefix):
-                            found.append(Upload(key, d.name))
+                            found.append(Upload(key, d.name, d.stat().st_mtime))
             return found
 
         for u in await self._run(f"LIST-UPLOADS {prefix}", go):

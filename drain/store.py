@@ -53,6 +53,7 @@ class ObjectInfo:
 class Upload:
     key: str
     upload_id: str
+    initiated: float  # seconds since the epoch
 
 
 class Store(abc.ABC):

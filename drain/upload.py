@@ -103,7 +103,14 @@ class Uploader:
                 await self.discard(record)
                 record = None
             if record is None:
+                t0 = trio.current_time()
                 checksum = await trio.to_thread.run_sync(_hash_file, fd, size)
+                log.info(
+                    "uploading %s: %d bytes, checksummed in %.2f s",
+                    key,
+                    size,
+                    trio.current_time() - t0,
+                )
                 if ino.generation != gen:
                     raise Changed("written while being hashed")
                 record = UploadRow(ino.id, gen, key, None, 0, size, checksum)

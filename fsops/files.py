@@ -126,11 +126,19 @@ class OpenFiles:
     async def fsync(self, fh: int, datasync: bool) -> None:
         ino = self.handle(fh).inode
         sync = os.fdatasync if datasync else os.fsync
-        await trio.to_thread.run_sync(sync, ino.fd)
-        ino.unsynced_bytes = 0
-        if not ino.entry_synced:
-            await trio.to_thread.run_sync(self.cache.sync_entry, ino.id)
-            ino.entry_synced = True
-        if ino.attrs_dirty:
-            self.table.persist(ino)
-        await self.table.journal.barrier()
+        ino.syncing += 1
+        try:
+            await trio.to_thread.run_sync(sync, ino.fd)
+            ino.unsynced_bytes = 0
+            if not ino.entry_synced:
+                await trio.to_thread.run_sync(self.cache.sync_entry, ino.id)
+                ino.entry_synced = True
+            if ino.attrs_dirty:
+                self.table.persist(ino)
+            await self.table.journal.barrier()
+        finally:
+            ino.syncing -= 1
+        # A rename usually follows an fsync at once: restart the settle delay from here, so
+        # the upload goes to the final name and the temp name costs no request at all.
+        if ino.writers == 0 and ino.parent is not None:
+            self.table.on_written(ino)

@@ -40,6 +40,7 @@ class Inode(InodeRow):
     dfd: int = -1  # its O_DIRECT twin, when the cache disk supports direct I/O
     inflight: int = 0  # writes waiting on a worker thread (they use fd and dfd)
     pins: int = 0  # references held by the drain while it uploads the inode
+    syncing: int = 0  # fsyncs in progress: the drain waits for them (temp + fsync + rename)
     attrs_dirty: bool = False  # size/times changed since the journal row was written
     entry_synced: bool = True  # the cache file's directory entry is durable
     unsynced_bytes: int = 0  # written since the last early write-back kick

@@ -18,7 +18,7 @@ Example (every key optional)::
     writeback_cache = true    # the kernel's write-back cache for the mount
 
     [drain]
-    settle = 1.0              # seconds a closed file stays quiet before it is uploaded
+    settle = 0.2              # seconds a closed file stays quiet before it is uploaded
     max_files = 4             # files uploading at once
     max_parts = 8             # multipart parts in flight (memory: max_parts x part_size)
     part_size = "16MiB"
@@ -88,7 +88,7 @@ class Config:
     direct_io: bool = True
     log_level: str = "info"
     foreground: bool = False
-    settle: float = 1.0
+    settle: float = 0.2
     max_files: int = 4
     max_parts: int = 8
     part_size: int = 16 << 20
@@ -169,7 +169,7 @@ def load_config(
         direct_io=bool(ca.get("direct_io", True)),
         log_level=level,
         foreground=foreground,
-        settle=_number(dr, "settle", 1.0, float),
+        settle=_number(dr, "settle", 0.2, float),
         max_files=int(_number(dr, "max_files", 4, int, minimum=1)),
         max_parts=int(_number(dr, "max_parts", 8, int, minimum=1)),
         part_size=parse_size(dr.get("part_size", 16 << 20), "drain.part_size"),

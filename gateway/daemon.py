@@ -74,6 +74,8 @@ def setup_logging(cfg: Config) -> Path:
     os.chmod(path, 0o600)
     fh.setFormatter(fmt)
     root.addHandler(fh)
+    for noisy in ("httpx", "httpx2", "httpcore", "aiobotocore", "botocore"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
     if cfg.foreground and sys.stderr is not None:
         sh = logging.StreamHandler(sys.stderr)
         sh.setFormatter(logging.Formatter("ckptgw: %(levelname)s %(message)s"))

@@ -24,6 +24,16 @@ class GatewayError(RuntimeError):
     pass
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so that ``with Gateway(...)`` blocks unmount on the way out
+    (scripts that mount: the benchmarks and the demo)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 class Gateway:
     def __init__(
         self,

@@ -270,3 +270,38 @@ def test_missing_bucket_warns_at_mount_and_keeps_the_data(
     )
     body = s3.get_object(Bucket="late-bucket-ckptgw", Key="kept.pt")["Body"].read()
     assert body == b"written while the bucket was missing"
+
+
+def test_wrong_credentials_warn_at_mount_and_keep_the_data(
+    gateway: GatewayFactory,
+    s3_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.s3server import moto_server
+
+    secret = "not-the-right-secret-4711"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    with moto_server({"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as endpoint:
+        gw = gateway("gw", "--endpoint-url", endpoint, store="s3://some-bucket/", start=False)
+        gw.mountpoint.mkdir(parents=True)
+        r = gw.cli(
+            "mount",
+            str(gw.mountpoint),
+            "--cache-dir",
+            str(gw.cache_dir),
+            "--store",
+            gw.store,
+            *gw.extra_args,
+        )
+        assert r.returncode == 0 and "warning" in r.stderr and "credentials" in r.stderr
+        gw.pid = gw._entry().pid  # type: ignore[union-attr]
+        gw.expect_errors = True  # failed uploads are logged as errors, by design
+        (gw.mountpoint / "kept.pt").write_bytes(b"safe in the cache")
+        time.sleep(0.5)
+        gw.stop()
+        gw.start()
+        assert (gw.mountpoint / "kept.pt").read_bytes() == b"safe in the cache"
+        gw.stop()
+    log = (gw.cache_dir / "ckptgw.log").read_text()
+    assert secret not in log and secret not in r.stderr
