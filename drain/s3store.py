@@ -1,4 +1,10 @@
-"""S3 and S3-compatible stores on aiobotocore, in the caller's trio loop (httpx2 backend).
+"""S3 and S3-compatible stores on aiobotocore (httpx2 backend) in an asyncio loop of its own.
+
+The client runs on a dedicated thread with an asyncio event loop; trio awaits each call's
+future, woken through its thread-safe ``run_sync_soon``, so no worker thread blocks per call.
+Measured here with the same client, 512 MiB in 16 MiB parts, 8 in flight: 1.3 s under
+asyncio, 4.4 s under trio (anyio's trio backend), so the client does not share the FUSE
+loop although it could. Cancellation from trio cancels the asyncio task.
 
 * Request bodies are :class:`ChunkedBody`: httpx streams them in 1 MiB chunks. A ``bytes`` or
   ``BytesIO`` body would be iterated by lines: 4 MB/s and ~200 CPU s per GiB, measured.
@@ -11,11 +17,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import botocore.exceptions as bex
+import trio
 from aiobotocore.config import AioConfig
 from aiobotocore.httpxsession import HttpxSession
 from aiobotocore.session import get_session
@@ -137,11 +147,52 @@ def _retry_after(value: object) -> float | None:
         return None
 
 
+T = TypeVar("T")
+
+
+class LoopThread:
+    """An asyncio event loop on a thread of its own, and a way for trio to await on it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="s3-asyncio", daemon=True
+        )
+        self._thread.start()
+
+    async def run(self, make: Callable[[], Awaitable[T]]) -> T:
+        async def job() -> T:
+            return await make()
+
+        fut = asyncio.run_coroutine_threadsafe(job(), self.loop)
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+
+        def wake(_: concurrent.futures.Future[T]) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
+
+        fut.add_done_callback(wake)
+        try:
+            await done.wait()
+        except BaseException:
+            fut.cancel()
+            raise
+        return fut.result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
 class S3Store(Store):
-    def __init__(self, url: StoreURL, client: Any) -> None:
+    def __init__(self, url: StoreURL, client: Any, loop: LoopThread) -> None:
         self.url = str(url)
         self.bucket = url.bucket
         self._client = client
+        self._loop = loop
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -168,24 +219,37 @@ class S3Store(Store):
             read_timeout=read_timeout,
             max_pool_connections=max_connections,
         )
-        session = get_session()
+        loop = LoopThread()
         try:
-            client_cm = session.create_client(
+            client_cm = get_session().create_client(
                 "s3", endpoint_url=endpoint_url, region_name=region, config=config
             )
-            client = await client_cm.__aenter__()
-        except Exception as e:
-            raise translate(e, f"connecting to {url}") from None
-        try:
-            yield cls(url, client)
+            try:
+                client = await loop.run(client_cm.__aenter__)
+            except Exception as e:
+                raise translate(e, f"connecting to {url}") from None
+            try:
+                yield cls(url, client, loop)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await loop.run(lambda: client_cm.__aexit__(None, None, None))
         finally:
-            await client_cm.__aexit__(None, None, None)
+            loop.close()
 
-    async def _call(self, what: str, op: str, **kwargs: Any) -> Any:
+    async def _run(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
         try:
-            return await getattr(self._client, op)(Bucket=self.bucket, **kwargs)
+            return await self._loop.run(make)
+        except (trio.Cancelled, KeyboardInterrupt):
+            raise
+        except concurrent.futures.CancelledError:
+            raise StoreError(f"{what}: cancelled", temporary=True, code="Cancelled") from None
         except Exception as e:
             raise translate(e, what) from None
+
+    async def _call(self, what: str, op: str, **kwargs: Any) -> Any:
+        return await self._run(
+            what, lambda: getattr(self._client, op)(Bucket=self.bucket, **kwargs)
+        )
 
     async def check(self) -> None:
         what = f"checking bucket {self.bucket}"
@@ -211,12 +275,13 @@ class S3Store(Store):
         kwargs: dict[str, Any] = {"Key": key}
         if start or end is not None:
             kwargs["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
-        r = await self._call(f"GET {key}", "get_object", **kwargs)
-        try:
+
+        async def fetch() -> bytes:
+            r = await self._client.get_object(Bucket=self.bucket, **kwargs)
             async with r["Body"] as body:
                 return bytes(await body.read())
-        except Exception as e:
-            raise translate(e, f"GET {key}") from None
+
+        return await self._run(f"GET {key}", fetch)
 
     async def head(self, key: str) -> ObjectInfo | None:
         try:

@@ -183,12 +183,19 @@ class Uploader:
                 self.journal.add_part(ino.id, number, etag)
             done[number] = etag
 
+        skipped, t_parts = len(done), trio.current_time()
         async with trio.open_nursery() as nursery:
             for n in range(1, count + 1):  # in file order: the cache file is read sequentially
                 if n not in done:
                     token = object()
                     await self.parts_limiter.acquire_on_behalf_of(token)
                     nursery.start_soon(send, n, token)
+        log.info(
+            "sent %d parts of %s in %.2f s",
+            count - skipped,
+            record.key,
+            trio.current_time() - t_parts,
+        )
         etags = [done[n] for n in range(1, count + 1)]
         await self._retry(
             f"complete {record.key}",
