@@ -1,8 +1,8 @@
-"""`make demo`: mount a gateway, checkpoint a small training run through it, crash the gateway
-with SIGKILL, mount again and resume from the checkpoint, then unmount.
+"""`make demo`: mount a gateway, checkpoint a small training run through it, watch the
+checkpoints drain to the store, crash the gateway with SIGKILL, mount again and resume from the
+checkpoint, then unmount.
 
-(The full demo, with the drain to the store and a fresh node, arrives with the drain and
-read-through issues.)
+(The full demo, resuming on a fresh node from the store, arrives with the read-through issue.)
 """
 
 from __future__ import annotations
@@ -81,6 +81,12 @@ def main() -> None:
                     f"-> {ckpt.relative_to(gw.mountpoint)}"
                 )
         reference = {k: v.clone() for k, v in model.state_dict().items()}
+        store = work / "store" / "run1"
+        deadline = time.monotonic() + 60
+        while len(list(store.glob("step_*/ckpt.pt"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        durable = sorted(p.parent.name for p in store.glob("step_*/ckpt.pt"))
+        say(f"drained to the store ({gw.store}): {durable}")
 
         say("killing the gateway daemon with SIGKILL, as a crash would")
         gw.kill()
