@@ -63,18 +63,20 @@ class Gateway:
             raise GatewayError(f"ckptgw {' '.join(args)}: {r.stderr.strip()}")
         return r
 
-    def start(self) -> Self:
+    def try_mount(self, store: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``ckptgw mount`` for this gateway (optionally with another store); no checks."""
         with contextlib.suppress(OSError):  # a stale mount answers ENOTCONN: mount clears it
             self.mountpoint.mkdir(parents=True, exist_ok=True)
-        self.cli(
-            "mount",
-            str(self.mountpoint),
-            "--cache-dir",
-            str(self.cache_dir),
-            "--store",
-            self.store,
-            *self.extra_args,
-        )
+        args = ["mount", str(self.mountpoint), "--cache-dir", str(self.cache_dir)]
+        r = self.cli(*args, "--store", store or self.store, *self.extra_args, check=False)
+        if r.returncode == 0 and (entry := self._entry()) is not None:
+            self.pid = entry.pid
+        return r
+
+    def start(self) -> Self:
+        r = self.try_mount()
+        if r.returncode != 0:
+            raise GatewayError(f"ckptgw mount {self.mountpoint}: {r.stderr.strip()}")
         entry = self._entry()
         if entry is None:
             raise GatewayError(f"no daemon registered for {self.mountpoint}")

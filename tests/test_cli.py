@@ -83,15 +83,7 @@ def test_umount_of_something_not_mounted(tmp_path: Path, runtime_dir: Path) -> N
 def test_cache_dir_bound_to_another_store(gateway: GatewayFactory, tmp_path: Path) -> None:
     gw = gateway()
     gw.stop()
-    r = gw.cli(
-        "mount",
-        str(gw.mountpoint),
-        "--cache-dir",
-        str(gw.cache_dir),
-        "--store",
-        f"file://{tmp_path / 'elsewhere'}",
-        check=False,
-    )
+    r = gw.try_mount(store=f"file://{tmp_path / 'elsewhere'}")
     assert_one_line_error(r, "belongs to store")
     gw.expect_errors = True  # the refusal is logged as an error, by design
 

@@ -30,6 +30,19 @@ def wait_for(what: str, predicate: Callable[[], bool], timeout: float = 60) -> N
         time.sleep(0.05)
 
 
+def file_store_objects(root: Path) -> dict[str, bytes]:
+    """Objects of a file store: every file below its root but the gateway's own staging."""
+    out = {}
+    for p in root.rglob("*"):
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and not rel.startswith(".ckptgw-"):
+            try:
+                out[rel] = p.read_bytes()
+            except FileNotFoundError:
+                continue  # deleted between the listing and the read
+    return out
+
+
 @dataclass
 class Bucket:
     """A read-only view of what the store holds, for assertions."""
@@ -67,15 +80,7 @@ def drain(
             gw = gateway("gw", "--config", str(cfg), store=f"file://{root}")
 
             def objects() -> dict[str, bytes]:
-                out = {}
-                for p in root.rglob("*"):
-                    rel = p.relative_to(root).as_posix()
-                    if p.is_file() and not rel.startswith(".ckptgw-"):
-                        try:
-                            out[rel] = p.read_bytes()
-                        except FileNotFoundError:
-                            continue  # deleted between the listing and the read
-                return out
+                return file_store_objects(root)
 
             def metadata(key: str) -> dict[str, str]:
                 import json
@@ -245,20 +250,10 @@ def test_missing_bucket_warns_at_mount_and_keeps_the_data(
         store="s3://late-bucket-ckptgw/",
         start=False,
     )
-    gw.mountpoint.mkdir(parents=True)
-    r = gw.cli(
-        "mount",
-        str(gw.mountpoint),
-        "--cache-dir",
-        str(gw.cache_dir),
-        "--store",
-        gw.store,
-        *gw.extra_args,
-    )
+    r = gw.try_mount()
     assert r.returncode == 0
     assert "warning" in r.stderr and "bucket does not exist" in r.stderr
     assert r.stderr.count("\n") == 1
-    gw.pid = gw._entry().pid  # type: ignore[union-attr]
     gw.expect_errors = True  # the failed uploads are logged as errors, by design
     (gw.mountpoint / "kept.pt").write_bytes(b"written while the bucket was missing")
     time.sleep(1)
@@ -284,18 +279,8 @@ def test_wrong_credentials_warn_at_mount_and_keep_the_data(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     with moto_server({"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as endpoint:
         gw = gateway("gw", "--endpoint-url", endpoint, store="s3://some-bucket/", start=False)
-        gw.mountpoint.mkdir(parents=True)
-        r = gw.cli(
-            "mount",
-            str(gw.mountpoint),
-            "--cache-dir",
-            str(gw.cache_dir),
-            "--store",
-            gw.store,
-            *gw.extra_args,
-        )
+        r = gw.try_mount()
         assert r.returncode == 0 and "warning" in r.stderr and "credentials" in r.stderr
-        gw.pid = gw._entry().pid  # type: ignore[union-attr]
         gw.expect_errors = True  # failed uploads are logged as errors, by design
         (gw.mountpoint / "kept.pt").write_bytes(b"safe in the cache")
         time.sleep(0.5)

@@ -14,7 +14,7 @@ from drain.filestore import FileStore
 from drain.storeurl import parse_store_url
 from fsops.filesystem import Filesystem, FsOptions
 from tests.conftest import GatewayFactory, needs_fuse
-from tests.test_drain import settle_on, wait_for, write_config
+from tests.test_drain import file_store_objects, settle_on, wait_for, write_config
 
 
 def test_only_old_unknown_uploads_are_aborted(tmp_path: Path) -> None:
@@ -51,15 +51,7 @@ def test_directory_rename_resumes_its_moves_after_kill9(
     root = tmp_path / "store"
 
     def objects() -> dict[str, bytes]:
-        out = {}
-        for p in root.rglob("*"):
-            rel = p.relative_to(root).as_posix()
-            if p.is_file() and not rel.startswith(".ckptgw-"):
-                try:
-                    out[rel] = p.read_bytes()
-                except FileNotFoundError:
-                    continue
-        return out
+        return file_store_objects(root)
 
     store = Bucket(objects, lambda key: {})
     (gw.mountpoint / "step_100").mkdir()
