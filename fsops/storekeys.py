@@ -64,9 +64,9 @@ class StoreKeys:
             self.moved(inode, f"{new_dir_key}/{rel}")
 
     def unlinked(self, ino: Inode) -> None:
-        """Call before the name goes (the row may go with it)."""
-        if ino.state is State.UPLOADING:
-            self.changed(ino.id)
+        """Call before the name goes (the row may go with it). Cancels an upload of it in any
+        phase, so that its cache file (and the disk space) is let go of at once."""
+        self.changed(ino.id)
         if ino.stored_key:
             self.journal.add_store_op("delete", ino.stored_key)
             ino.stored_key = ino.stored_etag = None
