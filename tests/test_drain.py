@@ -186,11 +186,13 @@ def test_changes_during_the_upload_end_with_current_data_only(
     (mnt / "written.pt").write_bytes(v1)
     (mnt / "renamed.pt").write_bytes(v1)
     (mnt / "unlinked.pt").write_bytes(v1)
+    (mnt / "truncated.pt").write_bytes(v1)
     time.sleep(0.6)  # let the uploads start (settle 0.2 s); the outcome must not depend on it
     (mnt / "written.pt").write_bytes(v2)
     os.rename(mnt / "renamed.pt", mnt / "final.pt")
     os.unlink(mnt / "unlinked.pt")
-    settle_on(d.store, {"written.pt": v2, "final.pt": v1})
+    os.truncate(mnt / "truncated.pt", 4096)
+    settle_on(d.store, {"written.pt": v2, "final.pt": v1, "truncated.pt": v1[:4096]})
 
 
 @pytest.mark.parametrize("drain", ["s3"], indirect=True)  # counts requests at the S3 proxy
