@@ -242,10 +242,10 @@ class FileStore(Store):
 
         return await self._run(f"LIST-PARTS {key}", go)
 
-    async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> None:
+    async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> str:
         d, dst = self._upload_dir(upload_id), self._path(key)
 
-        def go() -> None:
+        def go() -> str:
             info = json.loads((d / "upload.json").read_text())
             self._tmp.mkdir(parents=True, exist_ok=True)
             tmp = self._tmp / uuid.uuid4().hex
@@ -264,8 +264,9 @@ class FileStore(Store):
                 os.fsync(out.fileno())
             self._install(tmp, dst, info["metadata"])
             shutil.rmtree(d)
+            return xxhash.xxh3_128_hexdigest("".join(etags).encode()) + f"-{len(etags)}"
 
-        await self._run(f"COMPLETE {key}", go)
+        return await self._run(f"COMPLETE {key}", go)
 
     async def abort_multipart(self, key: str, upload_id: str) -> None:
         d = self._upload_dir(upload_id)

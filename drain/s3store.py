@@ -377,8 +377,8 @@ class S3Store(Store):
                 return parts
             marker = int(r["NextPartNumberMarker"])
 
-    async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> None:
-        await self._call(
+    async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> str:
+        r = await self._call(
             f"COMPLETE {key}",
             "complete_multipart_upload",
             Key=key,
@@ -387,6 +387,7 @@ class S3Store(Store):
                 "Parts": [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, 1)]
             },
         )
+        return str(r["ETag"])
 
     async def abort_multipart(self, key: str, upload_id: str) -> None:
         with contextlib.suppress(NotFound):

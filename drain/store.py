@@ -103,8 +103,8 @@ class Store(abc.ABC):
         """Parts the store has for an upload: number -> ETag. NotFound if the upload is gone."""
 
     @abc.abstractmethod
-    async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> None:
-        """Assemble parts 1..len(etags) into the object."""
+    async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> str:
+        """Assemble parts 1..len(etags) into the object; returns the object's ETag."""
 
     @abc.abstractmethod
     async def abort_multipart(self, key: str, upload_id: str) -> None:

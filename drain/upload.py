@@ -197,11 +197,11 @@ class Uploader:
             trio.current_time() - t_parts,
         )
         etags = [done[n] for n in range(1, count + 1)]
-        await self._retry(
+        etag: str = await self._retry(
             f"complete {record.key}",
             lambda: self.store.complete_multipart(record.key, record.upload_id or "", etags),
         )
-        return f"multipart:{record.upload_id}"
+        return etag
 
     # -- journal transitions -----------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ def test_multipart_out_of_order_resume_and_abort(store_cm: StoreFactory) -> None
         assert [u.upload_id async for u in s.iter_uploads("") if u.key == "big.bin"] == [uid]
         for n in (2, 4):
             etags[n] = await s.upload_part("big.bin", uid, n, parts[n - 1])
-        await s.complete_multipart("big.bin", uid, [etags[n] for n in range(1, 5)])
+        assert await s.complete_multipart("big.bin", uid, [etags[n] for n in range(1, 5)])
         assert await s.get("big.bin") == b"".join(parts)
         assert (await s.head("big.bin")).metadata == {"xxh3-128": "x"}  # type: ignore[union-attr]
         gone = await s.create_multipart("gone.bin", {})
