@@ -7,7 +7,6 @@ checkpoint, then unmount.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from bench.save_stall import save_atomic
 from gateway.harness import Gateway, exit_on_sigterm
 
 
@@ -40,17 +40,10 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) ->
 
 
 def save_checkpoint(state: dict[str, object], path: Path) -> float:
-    """temp file + fsync + rename + fsync(dir): the pattern that survives crashes."""
+    """temp file + fsync + rename + fsync(dir): the pattern that survives crashes. Seconds."""
     t0 = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    os.fsync(dfd)
-    os.close(dfd)
+    save_atomic(state, path)
     return time.perf_counter() - t0
 
 

@@ -73,7 +73,6 @@ class DrainEngine:
         self._running: dict[int, _Running] = {}
         self._wake = trio.Event()
         self._ops_wake = trio.Event()
-        self.last_error = ""
         fs.table.on_written = self._written
         fs.table.on_content_change = self._content_changed
         fs.keys.changed = self._content_changed
@@ -124,8 +123,12 @@ class DrainEngine:
             if due > now or inode in self._running:
                 continue
             ino = self.table.peek(inode) or self._load(inode)
-            if ino is None or ino.parent is None or ino.state not in (State.DIRTY, State.UPLOADING):
+            if ino is None:
                 del self._due[inode]
+                continue
+            if ino.parent is None or ino.state not in (State.DIRTY, State.UPLOADING):
+                del self._due[inode]
+                self.table.release_if_unused(ino)
                 continue
             if ino.writers > 0:
                 del self._due[inode]  # the last writer's release schedules it again
@@ -186,7 +189,7 @@ class DrainEngine:
 
     def _failed(self, ino: Inode, e: StoreError) -> None:
         n = self._failures[ino.id] = self._failures.get(ino.id, 0) + 1
-        self.last_error = str(e)
+        self.stats.last_error = str(e)
         if e.temporary:
             delay = min(300.0, 2.0 * 2 ** min(n, 8))
             log.warning("upload of inode %d failed (%s); retrying in %.0f s", ino.id, e, delay)
@@ -218,7 +221,7 @@ class DrainEngine:
                 if not isinstance(e, StoreError):
                     log.exception("store operation failed unexpectedly")
                 failures += 1
-                self.last_error = str(e)
+                self.stats.last_error = str(e)
                 delay = min(300.0, 2.0 * 2 ** min(failures, 8))
                 log.warning("store operation failed (%s); retrying in %.0f s", e, delay)
                 await trio.sleep(delay)

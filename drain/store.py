@@ -114,9 +114,6 @@ class Store(abc.ABC):
     def iter_uploads(self, prefix: str) -> AsyncIterator[Upload]:
         """Uploads in progress under ``prefix`` (to find orphans)."""
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook
-        """Release connections."""
-
 
 def part_size_for(size: int, preferred: int) -> int:
     """The part size for an object of ``size`` bytes: ``preferred`` unless that would need more

@@ -144,17 +144,17 @@ class CacheFiles:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
 
-    def path(self, inode: int) -> Path:
-        return self.data / f"{inode % 256:02x}" / str(inode)
+    @staticmethod
+    def _shard(inode: int) -> str:
+        return f"{inode % 256:02x}"
 
     def _rel(self, inode: int) -> str:
-        return f"{inode % 256:02x}/{inode}"
+        return f"{self._shard(inode)}/{inode}"
 
     def create(self, inode: int) -> None:
         """Create an empty cache file (its directory entry is synced at the first fsync)."""
-        shard = f"{inode % 256:02x}"
         with contextlib.suppress(FileExistsError):
-            os.mkdir(shard, 0o700, dir_fd=self._dirfd)
+            os.mkdir(self._shard(inode), 0o700, dir_fd=self._dirfd)
         fd = os.open(
             self._rel(inode),
             os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
@@ -197,7 +197,7 @@ class CacheFiles:
 
     def sync_entry(self, inode: int) -> None:
         """Make the cache file's directory entry durable (needed once, after create)."""
-        fd = os.open(f"{inode % 256:02x}", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._dirfd)
+        fd = os.open(self._shard(inode), os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._dirfd)
         try:
             os.fsync(fd)
         finally:

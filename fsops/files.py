@@ -39,9 +39,6 @@ class OpenFiles:
         self._handles: dict[int, Handle] = {}
         self._next_fh = itertools.count(1)
 
-    def __len__(self) -> int:
-        return len(self._handles)
-
     def handle(self, fh: int) -> Handle:
         try:
             return self._handles[fh]

@@ -65,9 +65,6 @@ class InodeTable:
         self.on_content_change: Callable[[int], None] = lambda inode: None
         self.on_written: Callable[[Inode], None] = lambda ino: None
 
-    def __len__(self) -> int:
-        return len(self._mem)
-
     def peek(self, inode: int) -> Inode | None:
         """The inode if it is in memory, without loading it."""
         return self._mem.get(inode)
@@ -92,10 +89,6 @@ class InodeTable:
         """The child of ``parent`` called ``name``, without touching lookup counts."""
         row = self.journal.lookup(parent, name)
         return None if row is None else self._adopt(row)
-
-    def adopt_new(self, row: InodeRow) -> Inode:
-        row.id = self.journal.insert(row)
-        return self._adopt(row)
 
     def children(self, parent: int, after: int, limit: int) -> list[InodeRow]:
         """Directory entries after ``after``; the in-memory inode where there is one (its size

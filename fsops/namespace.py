@@ -118,10 +118,16 @@ class Namespace:
             generation=1,
         )
 
-    def _link_new(self, parent: Inode, row: InodeRow) -> Inode:
+    def _link_new(self, parent: Inode, row: InodeRow, *, cache_file: bool = False) -> Inode:
+        """Insert the row (and create its empty cache file) in one transaction."""
         with self.journal.transaction():
-            ino = self.table.adopt_new(row)
+            row.id = self.journal.insert(row)
+            if cache_file:
+                self.table.cache.create(row.id)
             self.journal.touch_dir(parent.id, row.ctime_ns)
+        # Into memory only once committed: a rolled-back insert leaves nothing behind.
+        ino = self.table.adopt(row)
+        ino.entry_synced = not cache_file
         parent.mtime_ns = parent.ctime_ns = row.ctime_ns
         ino.lookups += 1
         return ino
@@ -146,16 +152,7 @@ class Namespace:
         if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
             raise fs_error(errno.EPERM)  # devices, FIFOs and sockets cannot be drained
         mode = stat.S_IFREG | (mode & ~caller.umask & 0o7777)
-        row = self._new_row(parent, name, mode, caller)
-        with self.journal.transaction():
-            row.id = self.journal.insert(row)
-            self.table.cache.create(row.id)
-            self.journal.touch_dir(parent.id, row.ctime_ns)
-        parent.mtime_ns = parent.ctime_ns = row.ctime_ns
-        ino = self.table.get(row.id)
-        ino.entry_synced = False
-        ino.lookups += 1
-        return ino
+        return self._link_new(parent, self._new_row(parent, name, mode, caller), cache_file=True)
 
     # -- removing names --------------------------------------------------------------------------
 
