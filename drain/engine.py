@@ -168,6 +168,9 @@ class DrainEngine:
             run.changed = True
         except StoreError as e:
             self._failed(ino, e)
+        except Exception as e:  # a bug or a cache-disk error: this file waits, the rest goes on
+            log.exception("upload of inode %d failed unexpectedly", ino.id)
+            self._failed(ino, StoreError(f"unexpected error: {e!r}", temporary=True))
         finally:
             del self._running[ino.id]
             self._wake.set()

@@ -62,6 +62,27 @@ def _read(fd: int, size: int, off: int) -> bytes:
     return data
 
 
+def _reason(group: BaseExceptionGroup) -> BaseException:
+    """What a failed set of parts means for the upload: Changed, else the first StoreError.
+
+    The other members are then cancelled siblings or more of the same. A group holding
+    anything else (a bug) or only cancellations stays as it is."""
+    _, other = group.split((Changed, StoreError, trio.Cancelled))
+    if other is None:
+        for kind in (Changed, StoreError):
+            match, _ = group.split(kind)
+            if match is not None:
+                return _leaves(match)[0]
+    return group
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    out: list[BaseException] = []
+    for e in group.exceptions:
+        out.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return out
+
+
 class Uploader:
     def __init__(
         self,
@@ -184,12 +205,15 @@ class Uploader:
             done[number] = etag
 
         skipped, t_parts = len(done), trio.current_time()
-        async with trio.open_nursery() as nursery:
-            for n in range(1, count + 1):  # in file order: the cache file is read sequentially
-                if n not in done:
-                    token = object()
-                    await self.parts_limiter.acquire_on_behalf_of(token)
-                    nursery.start_soon(send, n, token)
+        try:
+            async with trio.open_nursery() as nursery:
+                for n in range(1, count + 1):  # in file order: the cache file is read in order
+                    if n not in done:
+                        token = object()
+                        await self.parts_limiter.acquire_on_behalf_of(token)
+                        nursery.start_soon(send, n, token)
+        except BaseExceptionGroup as group:
+            raise _reason(group) from None
         log.info(
             "sent %d parts of %s in %.2f s",
             count - skipped,

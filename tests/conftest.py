@@ -28,11 +28,16 @@ class CheckedGateway(Gateway):
         log = self.cache_dir / "ckptgw.log"
         if not log.exists():
             return []
-        return [
-            line
-            for line in log.read_text(errors="replace").splitlines()
-            if " ERROR " in line or " CRITICAL " in line or line.startswith("Traceback")
-        ]
+        problems: list[str] = []
+        in_problem = False
+        for line in log.read_text(errors="replace").splitlines():
+            if line[:4].isdigit():  # a new record: "2026-11-22 06:01:37,227 LEVEL ..."
+                in_problem = " ERROR " in line or " CRITICAL " in line
+            elif line.startswith("Traceback"):
+                in_problem = True
+            if in_problem:  # the record and its traceback, so the failure shows the cause
+                problems.append(line)
+        return problems
 
 
 def errno_of(fn: object, *args: object) -> int:

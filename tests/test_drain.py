@@ -239,6 +239,23 @@ def test_faults_lose_nothing(drain: Callable[..., DrainSetup]) -> None:
     assert kinds.count("slowdown") == 3 and kinds.count("reset") == 2
 
 
+@pytest.mark.parametrize("drain", ["s3"], indirect=True)
+def test_a_part_that_keeps_failing_delays_only_its_file(drain: Callable[..., DrainSetup]) -> None:
+    """A part that fails through every retry fails its upload, not the gateway: the file is
+    tried again later and arrives; the others are not held up."""
+    d = drain()
+    assert d.proxy is not None
+    attempts = 8  # RetryPolicy.attempts: one more 503 than the retries absorb
+    d.proxy.add(Fault("slowdown", "PUT", r"partNumber=2(&|$)", count=attempts))
+    big, small = os.urandom(12 << 20), os.urandom(1000)
+    (d.gw.mountpoint / "big.pt").write_bytes(big)
+    (d.gw.mountpoint / "small.pt").write_bytes(small)
+    settle_on(d.store, {"big.pt": big, "small.pt": small})
+    assert [o for _, _, o in d.proxy.log].count("slowdown") == attempts
+    log = (d.gw.cache_dir / "ckptgw.log").read_text()
+    assert "upload of inode" in log and "retrying in" in log
+
+
 def test_missing_bucket_warns_at_mount_and_keeps_the_data(
     gateway: GatewayFactory, s3_endpoint: str, s3_env: object, tmp_path: Path
 ) -> None:
