@@ -248,7 +248,7 @@ class DrainEngine:
         assert op.dst is not None
         dst = op.dst
         try:
-            await retrying(
+            etag = await retrying(
                 f"move {op.src} -> {dst}", lambda: self.store.copy(op.src, dst), retry, self.stats
             )
         except NotFound:
@@ -256,7 +256,19 @@ class DrainEngine:
                 return  # done before a crash: the copy landed and src was deleted
             self._lost_source(op)
             return
+        self._moved_to(dst, etag)
         await retrying(f"delete {op.src}", lambda: self.store.delete(op.src), retry, self.stats)
+
+    def _moved_to(self, key: str, etag: str) -> None:
+        """A copy gives the object a new ETag (S3 too, for multipart objects): record it, so
+        that listings do not mistake our own object for someone else's."""
+        row = self.journal.stored_at(key)
+        if row is None:
+            return
+        ino = self.table.peek(row.id)
+        target = ino if ino is not None else row
+        target.stored_etag = etag
+        self.journal.update_attrs(target)
 
     def _lost_source(self, op: StoreOp) -> None:
         """The object to move vanished from the store (someone deleted it): upload it again."""

@@ -22,12 +22,21 @@ from typing import TypeVar
 import trio
 import xxhash
 
-from drain.store import NotFound, ObjectInfo, Store, StoreError, Upload
+from drain.store import Listing, NotFound, ObjectInfo, Stale, Store, StoreError, Upload
 from drain.storeurl import StoreURL
 
 T = TypeVar("T")
 _INTERNAL = ".ckptgw-"
 _XATTR = "user.ckptgw"
+
+
+def _etag(st: os.stat_result) -> str:
+    """An object's version: a rewrite (temp + rename) always changes size or mtime."""
+    return f"{st.st_size:x}-{st.st_mtime_ns:x}-{st.st_ino:x}"
+
+
+def _info(key: str, st: os.stat_result, metadata: dict[str, str] | None = None) -> ObjectInfo:
+    return ObjectInfo(key, st.st_size, _etag(st), metadata or {}, st.st_mtime)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -82,13 +91,15 @@ class FileStore(Store):
 
         await self._run(f"checking store {self.root}", go)
 
-    def _install(self, tmp: Path, dst: Path, metadata: dict[str, str]) -> None:
-        """Move a fully written, fsynced temp file into place, durably."""
+    def _install(self, tmp: Path, dst: Path, metadata: dict[str, str]) -> str:
+        """Move a fully written, fsynced temp file into place, durably; returns its ETag."""
         with contextlib.suppress(OSError):
             os.setxattr(tmp, _XATTR, json.dumps(metadata).encode())
+        etag = _etag(os.stat(tmp))  # a new inode: the ETag differs from the object it replaces
         dst.parent.mkdir(parents=True, exist_ok=True)
         os.rename(tmp, dst)
         _fsync_dir(dst.parent)
+        return etag
 
     def _write_tmp(self, chunks: list[bytes]) -> Path:
         self._tmp.mkdir(parents=True, exist_ok=True)
@@ -103,17 +114,19 @@ class FileStore(Store):
     async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
         dst = self._path(key)
 
-        def go() -> str:
-            self._install(self._write_tmp([data]), dst, metadata)
-            return xxhash.xxh3_128_hexdigest(data)
+        return await self._run(
+            f"PUT {key}", lambda: self._install(self._write_tmp([data]), dst, metadata)
+        )
 
-        return await self._run(f"PUT {key}", go)
-
-    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+    async def get(
+        self, key: str, start: int = 0, end: int | None = None, *, etag: str | None = None
+    ) -> bytes:
         path = self._path(key)
 
         def go() -> bytes:
             with open(path, "rb") as f:
+                if etag is not None and _etag(os.fstat(f.fileno())) != etag:
+                    raise Stale(f"GET {key}: the object changed (ETag is no longer {etag})")
                 f.seek(start)
                 return f.read(-1 if end is None else max(0, end - start))
 
@@ -133,7 +146,7 @@ class FileStore(Store):
                 meta = json.loads(os.getxattr(path, _XATTR))
             except OSError:
                 meta = {}
-            return ObjectInfo(key, st.st_size, f"{st.st_size:x}-{st.st_mtime_ns:x}", meta)
+            return _info(key, st, meta)
 
         return await self._run(f"HEAD {key}", go)
 
@@ -154,10 +167,10 @@ class FileStore(Store):
 
         await self._run(f"DELETE {key}", go)
 
-    async def copy(self, src: str, dst: str) -> None:
+    async def copy(self, src: str, dst: str) -> str:
         s, d = self._path(src), self._path(dst)
 
-        def go() -> None:
+        def go() -> str:
             self._tmp.mkdir(parents=True, exist_ok=True)
             tmp = self._tmp / uuid.uuid4().hex
             shutil.copyfile(s, tmp)
@@ -167,9 +180,9 @@ class FileStore(Store):
                 meta = json.loads(os.getxattr(s, _XATTR))
             except OSError:
                 meta = {}
-            self._install(tmp, d, meta)
+            return self._install(tmp, d, meta)
 
-        await self._run(f"COPY {src} -> {dst}", go)
+        return await self._run(f"COPY {src} -> {dst}", go)
 
     async def iter_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
         def go() -> list[ObjectInfo]:
@@ -182,14 +195,33 @@ class FileStore(Store):
                 for name in filenames:
                     key = f"{rel}/{name}" if rel else name
                     if key.startswith(prefix):
-                        st = os.stat(os.path.join(dirpath, name))
-                        found.append(
-                            ObjectInfo(key, st.st_size, f"{st.st_size:x}-{st.st_mtime_ns:x}")
-                        )
+                        found.append(_info(key, os.stat(os.path.join(dirpath, name))))
             return sorted(found, key=lambda o: o.key)
 
         for info in await self._run(f"LIST {prefix}", go):
             yield info
+
+    async def list_dir(self, prefix: str) -> Listing:
+        if prefix and not prefix.endswith("/"):
+            raise StoreError(f"LIST {prefix}: not a directory prefix", temporary=False)
+        where = self._path(prefix[:-1]) if prefix else self.root
+
+        def go() -> Listing:
+            objects, dirs = [], []
+            try:
+                entries = sorted(os.scandir(where), key=lambda e: e.name)
+            except (FileNotFoundError, NotADirectoryError):
+                return Listing([], [])
+            for e in entries:
+                if not prefix and e.name.startswith(_INTERNAL):
+                    continue
+                if e.is_dir(follow_symlinks=False):
+                    dirs.append(f"{prefix}{e.name}/")
+                elif e.is_file(follow_symlinks=False):
+                    objects.append(_info(prefix + e.name, e.stat(follow_symlinks=False)))
+            return Listing(objects, dirs)
+
+        return await self._run(f"LIST {prefix}", go)
 
     # -- multipart -------------------------------------------------------------------------------
 
@@ -262,9 +294,9 @@ class FileStore(Store):
                         shutil.copyfileobj(src, out, 8 << 20)
                 out.flush()
                 os.fsync(out.fileno())
-            self._install(tmp, dst, info["metadata"])
+            etag = self._install(tmp, dst, info["metadata"])
             shutil.rmtree(d)
-            return xxhash.xxh3_128_hexdigest("".join(etags).encode()) + f"-{len(etags)}"
+            return etag
 
         return await self._run(f"COMPLETE {key}", go)
 

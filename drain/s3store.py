@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import datetime
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -30,7 +31,16 @@ from aiobotocore.config import AioConfig
 from aiobotocore.httpxsession import HttpxSession
 from aiobotocore.session import get_session
 
-from drain.store import MAX_PART, NotFound, ObjectInfo, Store, StoreError, Upload
+from drain.store import (
+    MAX_PART,
+    Listing,
+    NotFound,
+    ObjectInfo,
+    Stale,
+    Store,
+    StoreError,
+    Upload,
+)
 from drain.storeurl import StoreURL
 
 CHUNK = 1 << 20
@@ -138,6 +148,16 @@ def _is_transport_error(e: BaseException) -> bool:
     except ImportError:  # pragma: no cover - the dependency is declared
         return False
     return isinstance(e, httpx2.TransportError)
+
+
+def _listed(o: dict[str, Any]) -> ObjectInfo:
+    return ObjectInfo(
+        str(o["Key"]), int(o["Size"]), str(o["ETag"]), mtime=_timestamp(o.get("LastModified"))
+    )
+
+
+def _timestamp(value: object) -> float:
+    return value.timestamp() if isinstance(value, datetime.datetime) else 0.0
 
 
 def _retry_after(value: object) -> float | None:
@@ -271,42 +291,58 @@ class S3Store(Store):
         )
         return str(r["ETag"])
 
-    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+    async def get(
+        self, key: str, start: int = 0, end: int | None = None, *, etag: str | None = None
+    ) -> bytes:
         kwargs: dict[str, Any] = {"Key": key}
         if start or end is not None:
             kwargs["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        if etag is not None:
+            kwargs["IfMatch"] = etag
 
         async def fetch() -> bytes:
             r = await self._client.get_object(Bucket=self.bucket, **kwargs)
             async with r["Body"] as body:
                 return bytes(await body.read())
 
-        return await self._run(f"GET {key}", fetch)
+        what = f"GET {key}"
+        try:
+            return await self._run(what, fetch)
+        except StoreError as e:
+            if e.code in ("PreconditionFailed", "412"):
+                raise Stale(f"{what}: the object changed (ETag is no longer {etag})") from None
+            raise
 
     async def head(self, key: str) -> ObjectInfo | None:
         try:
             r = await self._call(f"HEAD {key}", "head_object", Key=key)
         except NotFound:
             return None
-        return ObjectInfo(key, int(r["ContentLength"]), str(r["ETag"]), dict(r.get("Metadata", {})))
+        return ObjectInfo(
+            key,
+            int(r["ContentLength"]),
+            str(r["ETag"]),
+            dict(r.get("Metadata", {})),
+            _timestamp(r.get("LastModified")),
+        )
 
     async def delete(self, key: str) -> None:
         await self._call(f"DELETE {key}", "delete_object", Key=key)
 
-    async def copy(self, src: str, dst: str) -> None:
+    async def copy(self, src: str, dst: str) -> str:
         info = await self.head(src)
         if info is None:
             raise NotFound(f"COPY {src} -> {dst}: source not found")
         source = {"Bucket": self.bucket, "Key": src}
         if info.size <= MAX_PART:
-            await self._call(
+            r = await self._call(
                 f"COPY {src} -> {dst}",
                 "copy_object",
                 Key=dst,
                 CopySource=source,
                 MetadataDirective="COPY",
             )
-            return
+            return str(r["CopyObjectResult"]["ETag"])
         # Above 5 GiB a single copy is refused: copy part by part on the server.
         upload_id = await self.create_multipart(dst, info.metadata)
         try:
@@ -323,7 +359,7 @@ class S3Store(Store):
                     CopySourceRange=f"bytes={start}-{end}",
                 )
                 etags.append(str(r["CopyPartResult"]["ETag"]))
-            await self.complete_multipart(dst, upload_id, etags)
+            return await self.complete_multipart(dst, upload_id, etags)
         except BaseException:
             with contextlib.suppress(StoreError):
                 await self.abort_multipart(dst, upload_id)
@@ -337,9 +373,24 @@ class S3Store(Store):
                 kwargs["ContinuationToken"] = token
             r = await self._call(f"LIST {prefix}", "list_objects_v2", **kwargs)
             for o in r.get("Contents", []):
-                yield ObjectInfo(str(o["Key"]), int(o["Size"]), str(o["ETag"]))
+                yield _listed(o)
             if not r.get("IsTruncated"):
                 return
+            token = r["NextContinuationToken"]
+
+    async def list_dir(self, prefix: str) -> Listing:
+        objects: list[ObjectInfo] = []
+        dirs: list[str] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Prefix": prefix, "Delimiter": "/"}
+            if token:
+                kwargs["ContinuationToken"] = token
+            r = await self._call(f"LIST {prefix}", "list_objects_v2", **kwargs)
+            objects += [_listed(o) for o in r.get("Contents", []) if o["Key"] != prefix]
+            dirs += [str(p["Prefix"]) for p in r.get("CommonPrefixes", [])]
+            if not r.get("IsTruncated"):
+                return Listing(objects, dirs)
             token = r["NextContinuationToken"]
 
     async def create_multipart(self, key: str, metadata: dict[str, str]) -> str:

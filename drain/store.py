@@ -41,12 +41,28 @@ class NotFound(StoreError):
         super().__init__(message, temporary=False, code=code)
 
 
+class Stale(StoreError):
+    """The object is no longer the version asked for (its ETag changed: someone rewrote it)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, temporary=False, code="PreconditionFailed")
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     key: str
     size: int
     etag: str
-    metadata: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)  # empty in listings
+    mtime: float = 0.0  # last modified, seconds since the epoch
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One level of the key space under a prefix ending in "/" (or the empty prefix)."""
+
+    objects: list[ObjectInfo]  # keys directly under the prefix
+    dirs: list[str]  # next-level prefixes, each ending in "/"
 
 
 @dataclass(frozen=True)
@@ -70,8 +86,11 @@ class Store(abc.ABC):
         """Store ``data`` under ``key`` in one request; returns the ETag."""
 
     @abc.abstractmethod
-    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-        """Bytes [start, end) of an object; NotFound if there is none."""
+    async def get(
+        self, key: str, start: int = 0, end: int | None = None, *, etag: str | None = None
+    ) -> bytes:
+        """Bytes [start, end) of an object; NotFound if there is none; Stale if ``etag`` is
+        given and the object no longer has it."""
 
     @abc.abstractmethod
     async def head(self, key: str) -> ObjectInfo | None: ...
@@ -81,12 +100,16 @@ class Store(abc.ABC):
         """Remove an object; a missing one is not an error."""
 
     @abc.abstractmethod
-    async def copy(self, src: str, dst: str) -> None:
-        """Server-side copy, metadata included."""
+    async def copy(self, src: str, dst: str) -> str:
+        """Server-side copy, metadata included; returns the new object's ETag."""
 
     @abc.abstractmethod
     def iter_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
         """Objects whose key starts with ``prefix``, in key order."""
+
+    @abc.abstractmethod
+    async def list_dir(self, prefix: str) -> Listing:
+        """One level under ``prefix`` (S3's delimiter "/" listing), every page of it."""
 
     # -- multipart -------------------------------------------------------------------------------
 

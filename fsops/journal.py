@@ -142,6 +142,7 @@ _SCHEMA = """
         -- readdir walks a directory in inode-number order: offsets stay stable while entries
         -- are added or removed, and a rename never moves an entry within its directory.
         CREATE INDEX inodes_by_parent ON inodes (parent, id);
+        CREATE INDEX inodes_by_stored_key ON inodes (stored_key) WHERE stored_key IS NOT NULL;
 
         -- One row per upload in progress: what is being uploaded, so that a restart
         -- resumes it (same generation) or aborts it (anything changed).
@@ -385,6 +386,13 @@ class Journal:
             (inode,),
         ).fetchone()
         return int(r[0] or 0)
+
+    def stored_at(self, key: str) -> InodeRow | None:
+        """The file whose content the store holds at ``key``, if any."""
+        r = self.db.execute(
+            f"SELECT {_INODE_COLS} FROM inodes WHERE stored_key = ? LIMIT 1", (key,)
+        ).fetchone()
+        return None if r is None else _row(r)
 
     def orphans(self) -> list[int]:
         rows = self.db.execute(

@@ -15,7 +15,7 @@ import trio
 import trio.testing
 
 from drain.retry import RetryPolicy, RetryStats, retrying
-from drain.store import NotFound, Store, StoreError, part_size_for
+from drain.store import Listing, NotFound, Stale, Store, StoreError, part_size_for
 from drain.stores import open_store
 from drain.storeurl import parse_store_url
 from tests.faultproxy import Fault, FaultProxy
@@ -95,6 +95,38 @@ def test_copy_list_prefix(store_cm: StoreFactory) -> None:
         assert (await s.head("c/1")).metadata == {"k": "a/1"}  # type: ignore[union-attr]
         assert [o.key async for o in s.iter_objects("a/")] == ["a/1", "a/2"]
         assert [o.key async for o in s.iter_objects("")] == ["a/1", "a/2", "b/1", "c/1"]
+
+    run(store_cm, body)
+
+
+def test_listing_one_level_and_etags_that_name_a_version(store_cm: StoreFactory) -> None:
+    """list_dir is one level (files and next-level prefixes); the ETag that put, copy and
+    complete return is the one head and the listings show, and a GET pinned to an ETag
+    fails with Stale once the object is rewritten."""
+
+    async def body(s: Store) -> None:
+        etags = {k: await s.put(k, k.encode(), {}) for k in ("r/a.pt", "r/s1/x", "r/s2/y/z")}
+        uid = await s.create_multipart("r/big", {})
+        part = await s.upload_part("r/big", uid, 1, b"big")
+        etags["r/big"] = await s.complete_multipart("r/big", uid, [part])
+        etags["r/copy"] = await s.copy("r/big", "r/copy")
+        listing = await s.list_dir("r/")
+        assert {o.key: o.etag for o in listing.objects} == {
+            k: etags[k] for k in ("r/a.pt", "r/big", "r/copy")
+        }
+        assert listing.dirs == ["r/s1/", "r/s2/"]
+        assert [o.size for o in listing.objects] == [6, 3, 3]
+        assert all(o.mtime > 1.6e9 for o in listing.objects)
+        root = await s.list_dir("")
+        assert root.dirs == ["r/"] and root.objects == []
+        assert await s.list_dir("nothing/") == Listing([], [])
+        for k, etag in etags.items():
+            info = await s.head(k)
+            assert info is not None and info.etag == etag
+        assert await s.get("r/big", 1, 3, etag=etags["r/big"]) == b"ig"
+        await s.put("r/big", b"rewritten", {})
+        with pytest.raises(Stale):
+            await s.get("r/big", 0, 3, etag=etags["r/big"])
 
     run(store_cm, body)
 
