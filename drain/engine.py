@@ -262,6 +262,7 @@ class DrainEngine:
     def _moved_to(self, key: str, etag: str) -> None:
         """A copy gives the object a new ETag (S3 too, for multipart objects): record it, so
         that listings do not mistake our own object for someone else's."""
+        self.fs.keys.note_stored(key)
         row = self.journal.stored_at(key)
         if row is None:
             return

@@ -260,7 +260,9 @@ class Uploader:
             ino.checksum = record.checksum
             ino.state = State.CLEAN
             self.table.persist(ino)
+        self.keys.note_stored(record.key)
         self.keys.wake()
+        self.table.on_clean()  # evictable now: a writer waiting for room may go on
 
     async def discard(self, record: UploadRow) -> None:
         """Abort an upload nobody wants any more, and forget it."""

@@ -21,10 +21,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import errno
 import mmap
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +102,9 @@ class DirectWriter:
 
 
 class CacheFiles:
+    """The cache files, and the bytes they hold (``used``, the figure the size limit applies to;
+    sizes, not allocated blocks, so a sparse file being fetched counts whole)."""
+
     def __init__(
         self, root: Path, reserve_bytes: int, early_writeback: int, direct_io: bool = True
     ) -> None:
@@ -111,6 +113,8 @@ class CacheFiles:
         self.data.mkdir(mode=0o700, exist_ok=True)
         self.reserve_bytes = reserve_bytes
         self.early_writeback = early_writeback
+        self.used = 0
+        self.on_freed: Callable[[], None] = lambda: None
         self._dirfd = os.open(self.data, os.O_RDONLY | os.O_DIRECTORY)
         self.direct: DirectWriter | None = None
         if direct_io and self._direct_io_works():
@@ -184,16 +188,17 @@ class CacheFiles:
         return os.stat(self._rel(inode), dir_fd=self._dirfd).st_size
 
     def remove(self, inode: int) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._rel(inode), dir_fd=self._dirfd)
-
-    def truncate(self, inode: int, size: int) -> None:
-        fd = self.open(inode)
         try:
-            self.check_room(fd, max(0, size - os.fstat(fd).st_size))
-            os.ftruncate(fd, size)
-        finally:
-            os.close(fd)
+            size = os.stat(self._rel(inode), dir_fd=self._dirfd).st_size
+            os.unlink(self._rel(inode), dir_fd=self._dirfd)
+        except FileNotFoundError:
+            return
+        self.uncharge(size)
+
+    def uncharge(self, nbytes: int) -> None:
+        if nbytes > 0:
+            self.used = max(0, self.used - nbytes)
+            self.on_freed()
 
     def sync_entry(self, inode: int) -> None:
         """Make the cache file's directory entry durable (needed once, after create)."""
@@ -215,11 +220,10 @@ class CacheFiles:
 
     # -- space -----------------------------------------------------------------------------------
 
-    def check_room(self, fd: int, nbytes: int) -> None:
-        """Raise ENOSPC unless ``nbytes`` more still leave the reserve free."""
-        st = os.fstatvfs(fd)
-        if st.f_bavail * st.f_frsize - nbytes < self.reserve_bytes:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    def disk_room(self) -> int:
+        """Bytes that may still be written to the cache disk, keeping the reserve free."""
+        st = os.fstatvfs(self._dirfd)
+        return st.f_bavail * st.f_frsize - self.reserve_bytes
 
     def space(self) -> SpaceInfo:
         st = os.fstatvfs(self._dirfd)

@@ -20,6 +20,7 @@ import trio
 from fsops.cache import start_writeback
 from fsops.inodes import Inode, InodeTable, fs_error
 from fsops.journal import State
+from fsops.space import CacheSpace
 
 
 @dataclass
@@ -30,9 +31,10 @@ class Handle:
 
 
 class OpenFiles:
-    def __init__(self, table: InodeTable, kernel_writeback_cache: bool) -> None:
+    def __init__(self, table: InodeTable, space: CacheSpace, kernel_writeback_cache: bool) -> None:
         self.table = table
         self.cache = table.cache
+        self.space = space
         # With the kernel's write-back cache the kernel resolves O_APPEND itself and sends
         # absolute offsets; without it, appends are placed at our idea of the end of file.
         self._place_appends = not kernel_writeback_cache
@@ -51,12 +53,15 @@ class OpenFiles:
         writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         self.table.open_fd(ino)
         try:
+            now = time.time_ns()
             if flags & os.O_TRUNC and writable and ino.size:
                 await self.table.ensure_dirty(ino)
                 os.ftruncate(ino.fd, 0)
+                self.space.shrink(ino, 0)
                 ino.size = 0
-                ino.mtime_ns = ino.ctime_ns = time.time_ns()
-                ino.attrs_dirty = True
+                ino.mtime_ns = ino.ctime_ns = now
+            ino.atime_ns = now  # the last open: what eviction goes by (least recently used)
+            ino.attrs_dirty = True
         except BaseException:
             self.table.close_fd(ino)
             raise
@@ -80,8 +85,8 @@ class OpenFiles:
         if h.append and self._place_appends:
             off = ino.size
         end = off + len(buf)
-        if end > ino.size:
-            self.cache.check_room(ino.fd, end - ino.size)
+        if end > ino.charged:
+            await self.space.grow(ino, end)
         if self.cache.direct is not None:
             ino.inflight += 1
             try:

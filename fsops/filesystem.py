@@ -14,6 +14,7 @@ from fsops.names import KeyRules
 from fsops.namespace import Namespace
 from fsops.operations import Operations
 from fsops.recovery import RecoveryReport, recover
+from fsops.space import CacheSpace
 from fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,8 @@ class FsOptions:
     direct_io: bool = True
     writeback_cache: bool = True
     attr_timeout: float = 1.0
+    cache_limit: int | None = None  # bytes the cache files may hold; None: the disk's room
+    write_wait: float = 60.0  # how long a write waits for the drain to free room
 
 
 class Filesystem:
@@ -52,12 +55,14 @@ class Filesystem:
             raise
         self.recovery: RecoveryReport = recover(self.journal, self.cache)
         self.table = InodeTable(self.journal, self.cache)
+        self.space = CacheSpace(self.table, opts.cache_limit, opts.write_wait)
         self.keys = StoreKeys(self.table, opts.key_prefix)
-        self.namespace = Namespace(self.table, KeyRules(opts.key_prefix), self.keys)
-        self.files = OpenFiles(self.table, opts.writeback_cache)
+        self.namespace = Namespace(self.table, KeyRules(opts.key_prefix), self.keys, self.space)
+        self.files = OpenFiles(self.table, self.space, opts.writeback_cache)
         self.operations = Operations(
             self.namespace,
             self.files,
+            self.space,
             writeback_cache=opts.writeback_cache,
             attr_timeout=opts.attr_timeout,
         )

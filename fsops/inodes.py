@@ -44,6 +44,7 @@ class Inode(InodeRow):
     attrs_dirty: bool = False  # size/times changed since the journal row was written
     entry_synced: bool = True  # the cache file's directory entry is durable
     unsynced_bytes: int = 0  # written since the last early write-back kick
+    charged: int = 0  # bytes of the cache file counted in the cache's use (fsops.space)
     dirtying: trio.Event | None = field(default=None, repr=False)
 
     @property
@@ -64,6 +65,8 @@ class InodeTable:
         # the last writer of an inode is done with it (it may become eligible for the drain).
         self.on_content_change: Callable[[int], None] = lambda inode: None
         self.on_written: Callable[[Inode], None] = lambda ino: None
+        # Set by the cache space: a file became clean (evictable).
+        self.on_clean: Callable[[], None] = lambda: None
 
     def peek(self, inode: int) -> Inode | None:
         """The inode if it is in memory, without loading it."""
@@ -82,6 +85,8 @@ class InodeTable:
         ino = self._mem.get(row.id)
         if ino is None:
             ino = Inode(**vars(row))
+            if ino.is_reg and ino.state is not State.REMOTE:
+                ino.charged = ino.size
             self._mem[row.id] = ino
         return ino
 

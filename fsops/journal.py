@@ -400,6 +400,12 @@ class Journal:
         ).fetchall()
         return [int(r[0]) for r in rows]
 
+    def remote_files(self) -> list[int]:
+        rows = self.db.execute(
+            f"SELECT id FROM inodes WHERE {_IS_REG} AND state = ?", (State.REMOTE,)
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
     def regular_files(self) -> list[InodeRow]:
         rows = self.db.execute(f"SELECT {_INODE_COLS} FROM inodes WHERE {_IS_REG}").fetchall()
         return [_row(r) for r in rows]
@@ -411,6 +417,23 @@ class Journal:
             f"WHERE {_IS_REG} GROUP BY state"
         ).fetchall()
         return {State(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+    def cached_bytes(self) -> int:
+        """Bytes of content the cache files hold (every regular file not remote-only)."""
+        r = self.db.execute(
+            f"SELECT coalesce(sum(size), 0) FROM inodes WHERE {_IS_REG} AND state != ?",
+            (State.REMOTE,),
+        ).fetchone()
+        return int(r[0])
+
+    def eviction_candidates(self, limit: int) -> list[InodeRow]:
+        """Clean files, least recently opened first."""
+        rows = self.db.execute(
+            f"SELECT {_INODE_COLS} FROM inodes WHERE {_IS_REG} AND state = ? "
+            "AND parent IS NOT NULL ORDER BY atime_ns LIMIT ?",
+            (State.CLEAN, limit),
+        ).fetchall()
+        return [_row(r) for r in rows]
 
     def subtree(self, inode: int) -> list[tuple[int, str]]:
         """Every descendant of a directory with its path relative to it ("a/b")."""

@@ -19,6 +19,7 @@ import pyfuse3
 from fsops.inodes import Inode, InodeTable, fs_error
 from fsops.journal import InodeRow, Journal, State
 from fsops.names import KeyRules
+from fsops.space import CacheSpace
 from fsops.storekeys import StoreKeys
 
 
@@ -47,8 +48,11 @@ class AttrChange:
 
 
 class Namespace:
-    def __init__(self, table: InodeTable, rules: KeyRules, keys: StoreKeys) -> None:
+    def __init__(
+        self, table: InodeTable, rules: KeyRules, keys: StoreKeys, space: CacheSpace
+    ) -> None:
         self.table = table
+        self.space = space
         self.journal: Journal = table.journal
         self.rules = rules
         self.keys = keys
@@ -270,11 +274,14 @@ class Namespace:
             if not ino.is_reg:
                 raise fs_error(errno.EINVAL)
             await self.table.ensure_dirty(ino)
-            if ino.fd >= 0:
-                self.table.cache.check_room(ino.fd, max(0, change.size - ino.size))
-                os.ftruncate(ino.fd, change.size)
-            else:
-                self.table.cache.truncate(ino.id, change.size)
+            await self.space.grow(ino, change.size)
+            fd = ino.fd if ino.fd >= 0 else self.table.cache.open(ino.id)
+            try:
+                os.ftruncate(fd, change.size)
+            finally:
+                if fd != ino.fd:
+                    os.close(fd)
+            self.space.shrink(ino, change.size)
             ino.size = change.size
             ino.mtime_ns = now
         if change.mode is not None:

@@ -19,8 +19,10 @@ from typing import Any, TypeVar
 import pyfuse3
 
 from fsops.files import OpenFiles
-from fsops.journal import InodeRow
+from fsops.journal import InodeRow, State
 from fsops.namespace import AttrChange, Caller, Namespace
+from fsops.remote import LocalOnly, Remote
+from fsops.space import CacheSpace
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ class Operations(pyfuse3.Operations):
         self,
         namespace: Namespace,
         files: OpenFiles,
+        space: CacheSpace,
         *,
         writeback_cache: bool = True,
         attr_timeout: float = 1.0,
@@ -74,7 +77,9 @@ class Operations(pyfuse3.Operations):
         super().__init__()
         self.ns = namespace
         self.files = files
+        self.space = space
         self.table = namespace.table
+        self.remote: Remote = LocalOnly()  # the daemon plugs in read-through from the store
         self.enable_writeback_cache = writeback_cache
         self.attr_timeout = attr_timeout
         self.blksize = blksize
@@ -102,6 +107,8 @@ class Operations(pyfuse3.Operations):
     async def lookup(
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
+        if name not in (b".", b".."):
+            await self.remote.refresh(self.table.get(parent_inode))
         return self.attrs(self.ns.lookup(parent_inode, name))
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
@@ -128,6 +135,8 @@ class Operations(pyfuse3.Operations):
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
             ctime_ns=attr.st_ctime_ns if fields.update_ctime else None,
         )
+        if change.size is not None and self.table.get(inode).state is State.REMOTE:
+            await self.remote.ensure_whole(self.table.get(inode))  # keep what the size keeps
         return self.attrs(await self.ns.setattr(inode, change))
 
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
@@ -181,10 +190,18 @@ class Operations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, keep_cache=True), self.attrs(ino)
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        fh = await self.files.open(self.table.get(inode), flags)
+        ino = self.table.get(inode)
+        if ino.state is State.REMOTE:
+            await self.remote.prepare_open(ino, flags)
+        fh = await self.files.open(ino, flags)
+        # An inode's content only changes through this mount (a rewrite from elsewhere gets
+        # a new inode): the kernel may keep its pages.
         return pyfuse3.FileInfo(fh=fh, keep_cache=True)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
+        ino = self.files.handle(fh).inode
+        if ino.state is State.REMOTE:
+            await self.remote.ensure(ino, off, size)
         return self.files.read(fh, off, size)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -202,8 +219,10 @@ class Operations(pyfuse3.Operations):
     # -- directories -----------------------------------------------------------------------------
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
-        if not self.table.get(inode).is_dir:
+        d = self.table.get(inode)
+        if not d.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
+        await self.remote.refresh(d)
         return inode
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
@@ -229,6 +248,10 @@ class Operations(pyfuse3.Operations):
         s.f_blocks = space.total_blocks
         s.f_bfree = space.free_blocks
         s.f_bavail = space.avail_blocks
+        if self.space.limit is not None:  # the configured size is the filesystem's size
+            free = self.space.free_bytes() // space.block_size
+            s.f_blocks = min(s.f_blocks, self.space.limit // space.block_size)
+            s.f_bfree, s.f_bavail = min(s.f_bfree, free), min(s.f_bavail, free)
         s.f_files = space.files
         s.f_ffree = s.f_favail = space.free_files
         s.f_namemax = 255

@@ -38,6 +38,8 @@ def recover(journal: Journal, cache: CacheFiles) -> RecoveryReport:
             journal.delete(inode)
     for inode in orphans:
         cache.remove(inode)
+    for inode in journal.remote_files():
+        cache.remove(inode)  # a fetch cut short: remote files keep no content across mounts
     report.orphans_removed = len(orphans)
     if report.unclean:
         _reconcile(journal, cache, report)

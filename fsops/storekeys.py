@@ -13,6 +13,7 @@ implies commits with the change itself and is resumed after a crash:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from fsops.inodes import Inode, InodeTable
@@ -27,6 +28,15 @@ class StoreKeys:
         # Set by the drain engine: wake up (new store ops) / an inode's content or name changed.
         self.wake: Callable[[], None] = lambda: None
         self.changed: Callable[[int], None] = lambda inode: None
+        # Keys this gateway wrote lately (monotonic time): a listing that started before an
+        # object landed does not show it, which must not read as "someone deleted it".
+        self.recently_stored: dict[str, float] = {}
+
+    def note_stored(self, key: str) -> None:
+        now = time.monotonic()
+        self.recently_stored[key] = now
+        if len(self.recently_stored) > 10_000:
+            self.recently_stored = {k: t for k, t in self.recently_stored.items() if now - t < 600}
 
     def key(self, components: list[bytes]) -> str:
         return self.prefix + "/".join(c.decode() for c in components)

@@ -5,12 +5,17 @@ Example (every key optional)::
     [store]
     url = "s3://my-bucket/checkpoints"
     endpoint_url = "http://127.0.0.1:9000"
+    listing_ttl = 5.0         # seconds a directory listing of the store is reused
 
     [cache]
     dir = "/nvme/ckptgw"
     reserve = "1GiB"          # kept free on the cache disk; writes get ENOSPC before it
     early_writeback = "8MiB"  # without direct I/O: start write-out every N bytes; 0 = off
     direct_io = true          # O_DIRECT cache writes where the cache filesystem supports it
+    size = "200GiB"           # the most the cache files may hold; unset: the disk's room
+    write_wait = 60.0         # seconds a write waits for the drain to free room, then ENOSPC
+    fetch_chunk = "8MiB"      # ranged GETs of files read from the store
+    fetch_parallel = 8        # ranged GETs in flight
 
     [mount]
     allow_other = false
@@ -94,11 +99,25 @@ class Config:
     part_size: int = 16 << 20
     multipart_threshold: int = 16 << 20
     permanent_retry: float = 60.0
+    listing_ttl: float = 5.0
+    cache_size: int | None = None
+    write_wait: float = 60.0
+    fetch_chunk: int = 8 << 20
+    fetch_parallel: int = 8
 
 
 _KNOWN = {
-    "store": {"url", "endpoint_url"},
-    "cache": {"dir", "reserve", "early_writeback", "direct_io"},
+    "store": {"url", "endpoint_url", "listing_ttl"},
+    "cache": {
+        "dir",
+        "reserve",
+        "early_writeback",
+        "direct_io",
+        "size",
+        "write_wait",
+        "fetch_chunk",
+        "fetch_parallel",
+    },
     "mount": {"allow_other", "attr_timeout", "writeback_cache"},
     "log": {"level"},
     "drain": {
@@ -177,15 +196,33 @@ def load_config(
             dr.get("multipart_threshold", 16 << 20), "drain.multipart_threshold"
         ),
         permanent_retry=_number(dr, "permanent_retry", 60.0, float, minimum=0.1),
+        listing_ttl=_number(st, "listing_ttl", 5.0, float, section_name="store"),
+        cache_size=parse_size(ca["size"], "cache.size") if "size" in ca else None,
+        write_wait=_number(ca, "write_wait", 60.0, float, section_name="cache"),
+        fetch_chunk=_chunk(ca.get("fetch_chunk", 8 << 20)),
+        fetch_parallel=int(_number(ca, "fetch_parallel", 8, int, minimum=1, section_name="cache")),
     )
 
 
+def _chunk(value: object) -> int:
+    size = parse_size(value, "cache.fetch_chunk")
+    if not (64 << 10) <= size <= (1 << 30):
+        raise UserError(f"config: cache.fetch_chunk = {value!r} is not between 64KiB and 1GiB")
+    return size
+
+
 def _number(
-    section: dict[str, Any], key: str, default: float, kind: type, minimum: float = 0
+    section: dict[str, Any],
+    key: str,
+    default: float,
+    kind: type,
+    minimum: float = 0,
+    section_name: str = "drain",
 ) -> float:
     value = section.get(key, default)
+    what = f"{section_name}.{key}"
     if not isinstance(value, int | float) or isinstance(value, bool) or value < minimum:
-        raise UserError(f"config: drain.{key} = {value!r} is not a number >= {minimum}")
+        raise UserError(f"config: {what} = {value!r} is not a number >= {minimum}")
     if kind is int and not isinstance(value, int):
-        raise UserError(f"config: drain.{key} = {value!r} is not a whole number")
+        raise UserError(f"config: {what} = {value!r} is not a whole number")
     return float(value)

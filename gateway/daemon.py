@@ -19,7 +19,10 @@ import pyfuse3
 import trio
 
 from drain.engine import DrainConfig, DrainEngine
-from drain.retry import RetryPolicy, retrying
+from drain.fetch import FetchConfig, Fetcher
+from drain.listing import ListingConfig, Listings
+from drain.readthrough import ReadThrough
+from drain.retry import RetryPolicy, RetryStats, retrying
 from drain.store import Store, StoreError
 from drain.stores import open_store
 from drain.upload import UploadConfig
@@ -131,6 +134,8 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
                 direct_io=cfg.direct_io,
                 writeback_cache=cfg.writeback_cache,
                 attr_timeout=cfg.attr_timeout,
+                cache_limit=cfg.cache_size,
+                write_wait=cfg.write_wait,
             ),
         )
     except JournalError as e:
@@ -194,6 +199,31 @@ async def check_store(store: Store) -> str | None:
 MOUNT_CHECK = RetryPolicy(attempts=3, base=0.2, cap=2.0)
 
 
+async def _read_through(
+    fs: Filesystem,
+    store: Store,
+    cfg: Config,
+    stats: RetryStats,
+    *,
+    task_status: trio.TaskStatus[ReadThrough] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve files that are only in the store: listings merged into the namespace, fetches."""
+    listings = Listings(
+        fs.table, fs.keys, fs.namespace.rules, store, ListingConfig(ttl=cfg.listing_ttl), stats
+    )
+    fetcher = Fetcher(
+        fs.table,
+        fs.space,
+        fs.keys,
+        store,
+        FetchConfig(chunk=cfg.fetch_chunk, parallel=cfg.fetch_parallel),
+        stats,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(fetcher.run)
+        task_status.started(ReadThrough(listings, fetcher))
+
+
 async def _serve(fs: Filesystem, cfg: Config, ready: Readiness) -> bool:
     """Run the FUSE loop and the drain; returns True if a signal ended it."""
     signalled = False
@@ -211,7 +241,9 @@ async def _serve(fs: Filesystem, cfg: Config, ready: Readiness) -> bool:
     async with open_store(cfg.store, cfg.endpoint_url) as store, trio.open_nursery() as nursery:
         await nursery.start(on_signals)
         warning = await check_store(store)
-        await nursery.start(DrainEngine(fs, store, drain_config(cfg)).run)
+        engine = DrainEngine(fs, store, drain_config(cfg))
+        await nursery.start(engine.run)
+        fs.operations.remote = await nursery.start(_read_through, fs, store, cfg, engine.stats)
         ready.ok(warning)
         log.info("mounted")
         await pyfuse3.main()

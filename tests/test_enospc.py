@@ -44,7 +44,7 @@ def small_disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]
 def small_gateway(small_disk: Path, gateway: GatewayFactory, tmp_path: Path) -> CheckedGateway:
     """Set up after small_disk, so it is stopped before the disk is unmounted."""
     cfg = tmp_path / "small.toml"
-    cfg.write_text(f'[cache]\ndir = "{small_disk / "cache"}"\nreserve = "8MiB"\n')
+    cfg.write_text(f'[cache]\ndir = "{small_disk / "cache"}"\nreserve = "8MiB"\nwrite_wait = 1.0\n')
     gw = gateway("small", "--config", str(cfg), start=False)
     gw.cache_dir = small_disk / "cache"
     return gw.start()

@@ -1,0 +1,344 @@
+"""Read-through: the content of remote files, fetched into the cache with parallel ranged GETs.
+
+Opening a remote file checks that the object still exists (a HEAD, which also brings its
+checksum, mode and mtime; ENOENT if it is gone) and starts fetching it: ``parallel`` ranged
+GETs of ``chunk`` bytes, pinned to the object's ETag (a rewrite during the fetch is ESTALE,
+never a mix of versions), written into a sparse cache file of the full size. Chunks go in
+file order from where the reader is (sequential read-ahead), chunks a reader waits for first.
+A read returns as soon as its chunks are there.
+
+The xxh3-128 of the content is computed as the chunks arrive in order, so verification costs
+no second pass; the read that completes the file returns only after it. A mismatch fails every
+read of the file with EIO and is logged; the cache file is dropped and the next open tries
+again. Objects without a checksum (written by other tools) are not verified. A verified file
+becomes clean: cached, evictable, read locally from then on.
+
+Opening for writing fetches the whole file first (O_TRUNC fetches nothing).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import trio
+import xxhash
+
+from drain.retry import RetryPolicy, RetryStats, retrying
+from drain.store import NotFound, ObjectInfo, Stale, Store, StoreError
+from drain.upload import META_CHECKSUM
+from fsops.inodes import Inode, InodeTable, fs_error
+from fsops.journal import State
+from fsops.space import CacheSpace
+from fsops.storekeys import StoreKeys
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    chunk: int = 8 << 20
+    parallel: int = 8  # ranged GETs in flight, over all files
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    failed_for: float = 5.0  # a failed fetch answers reads with its error this long
+
+
+@dataclass
+class FetchStats:
+    files: int = 0
+    bytes: int = 0
+    checksum_failures: int = 0
+
+
+class _Fetch:
+    def __init__(self, ino: Inode, key: str, etag: str | None, chunk: int, fd: int) -> None:
+        self.ino, self.key, self.etag, self.fd = ino, key, etag, fd
+        self.size = ino.size
+        self.checksum = ino.checksum
+        self.chunk = chunk
+        self.count = max(1, -(-self.size // chunk))
+        self.started = [False] * self.count
+        self.done = [False] * self.count
+        self.arrived = [trio.Event() for _ in range(self.count)]
+        self.wanted: list[int] = []  # chunks a reader waits for, not yet started
+        self.cursor = 0  # read-ahead continues from here
+        self.remaining = self.count
+        self.hasher = xxhash.xxh3_128()
+        self.hashed = 0  # chunks hashed, in order
+        self.hash_lock = trio.Lock()
+        self.error: int | None = None
+        self.failed_at = 0.0
+        self.finished = trio.Event()
+
+    def span(self, i: int) -> tuple[int, int]:
+        return i * self.chunk, min(self.size, (i + 1) * self.chunk)
+
+    def next_chunk(self) -> int | None:
+        while self.wanted:
+            i = self.wanted.pop(0)
+            if not self.started[i]:
+                return self._take(i)
+        for i in [*range(self.cursor, self.count), *range(0, self.cursor)]:
+            if not self.started[i]:
+                return self._take(i)
+        return None
+
+    def _take(self, i: int) -> int:
+        self.started[i] = True
+        self.cursor = i + 1
+        return i
+
+    def want(self, first: int, last: int) -> None:
+        for i in range(first, last + 1):
+            if not self.started[i] and i not in self.wanted:
+                self.wanted.append(i)
+        if not self.started[first]:
+            self.cursor = first
+
+    def fail(self, code: int) -> None:
+        if self.error is None:
+            self.error = code
+            self.failed_at = time.monotonic()
+        for e in self.arrived:
+            e.set()
+        self.finished.set()
+
+
+class Fetcher:
+    def __init__(
+        self,
+        table: InodeTable,
+        space: CacheSpace,
+        keys: StoreKeys,
+        store: Store,
+        config: FetchConfig,
+        stats: RetryStats,
+    ) -> None:
+        self.table = table
+        self.journal = table.journal
+        self.cache = table.cache
+        self.space = space
+        self.keys = keys
+        self.store = store
+        self.config = config
+        self.retry_stats = stats
+        self.stats = FetchStats()
+        self._active: dict[int, _Fetch] = {}
+        self._limiter = trio.CapacityLimiter(config.parallel)
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- what the filesystem calls ---------------------------------------------------------------
+
+    async def prepare_open(self, ino: Inode, flags: int) -> None:
+        writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
+        if ino.id not in self._active or self._active[ino.id].error is not None:
+            self._active.pop(ino.id, None)
+            await self._check(ino)
+        if writable and flags & os.O_TRUNC and ino.id not in self._active:
+            self.cache.create(ino.id)
+            ino.size = 0
+            await self.table.ensure_dirty(ino)  # remote -> dirty: nothing to fetch
+            return
+        if writable:
+            await self.ensure_whole(ino)
+        else:
+            await self._start(ino)  # read-ahead starts now, before the first read
+
+    async def ensure(self, ino: Inode, off: int, size: int) -> None:
+        f = await self._start(ino)
+        if f is None:
+            return
+        end = min(off + size, f.size)
+        if off < end and f.error is None:
+            first, last = off // f.chunk, (end - 1) // f.chunk
+            f.want(first, last)
+            for i in range(first, last + 1):
+                await f.arrived[i].wait()
+        if f.error is not None:
+            raise fs_error(f.error)
+
+    async def ensure_whole(self, ino: Inode) -> None:
+        f = await self._start(ino)
+        if f is not None:
+            await f.finished.wait()
+            if f.error is not None:
+                raise fs_error(f.error)
+
+    # -- one fetch -------------------------------------------------------------------------------
+
+    async def _check(self, ino: Inode) -> None:
+        """HEAD the object: gone -> ENOENT; rewritten since the listing -> ESTALE; take its
+        checksum, mode and mtime."""
+        key = ino.stored_key
+        if key is None:
+            raise fs_error(errno.EIO)
+        deadline = time.monotonic() + 30
+        while key in self.journal.pending_keys() and time.monotonic() < deadline:
+            await trio.sleep(0.05)  # our own move of it is still under way
+        try:
+            info = await retrying(
+                f"HEAD {key}", lambda: self.store.head(key), self.config.retry, self.retry_stats
+            )
+        except StoreError as e:
+            log.warning("cannot open %s: %s", key, e)
+            raise fs_error(errno.EIO) from None
+        if info is None:
+            log.info("%s is no longer in the store", key)
+            raise fs_error(errno.ENOENT)
+        self._apply(ino, info)
+
+    def _apply(self, ino: Inode, info: ObjectInfo) -> None:
+        if info.etag != ino.stored_etag:
+            # Rewritten since the listing: the next listing gives the name a new inode.
+            log.info("%s changed in the store since it was listed", info.key)
+            raise fs_error(errno.ESTALE)
+        ino.checksum = info.metadata.get(META_CHECKSUM)
+        mode, mtime = info.metadata.get("mode"), info.metadata.get("mtime-ns")
+        try:
+            if mode is not None:
+                ino.mode = (ino.mode & ~0o7777) | (int(mode, 8) & 0o7777)
+            if mtime is not None:
+                ino.mtime_ns = int(mtime)
+        except ValueError:
+            log.debug("ignoring bad metadata of %s: %r", info.key, info.metadata)
+        self.table.persist(ino)
+
+    async def _start(self, ino: Inode) -> _Fetch | None:
+        f = self._active.get(ino.id)
+        if f is not None:
+            if f.error is None or time.monotonic() - f.failed_at < self.config.failed_for:
+                return f
+            del self._active[ino.id]  # failed a while ago: try again
+        if ino.state is not State.REMOTE:
+            return None
+        if ino.stored_key is None:
+            raise fs_error(errno.EIO)
+        await self.space.grow(ino, ino.size)
+        self.cache.create(ino.id)
+        fd = self.cache.open(ino.id)
+        os.ftruncate(fd, ino.size)
+        f = self._active[ino.id] = _Fetch(
+            ino, ino.stored_key, ino.stored_etag, self.config.chunk, fd
+        )
+        ino.pins += 1
+        assert self._nursery is not None
+        self._nursery.start_soon(self._fetch, f)
+        return f
+
+    async def _fetch(self, f: _Fetch) -> None:
+        started = time.monotonic()
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(min(self.config.parallel, f.count)):
+                    nursery.start_soon(self._worker, f)
+            if f.error is None:
+                await self._verify(f)
+        except Exception:
+            log.exception("fetching %s failed unexpectedly", f.key)
+            f.fail(errno.EIO)
+        finally:
+            os.close(f.fd)
+            f.ino.pins -= 1
+            if f.error is None:
+                self._active.pop(f.ino.id, None)
+                self.stats.files += 1
+                log.info(
+                    "fetched %s (%d bytes) in %.2f s", f.key, f.size, time.monotonic() - started
+                )
+            else:
+                self._drop(f)
+            f.finished.set()
+            self.table.release_if_unused(f.ino)
+
+    async def _worker(self, f: _Fetch) -> None:
+        while f.error is None and (i := f.next_chunk()) is not None:
+            start, end = f.span(i)
+            data = b"" if start == end else await self._get(f, start, end)
+            if data is None:
+                return
+            await trio.to_thread.run_sync(os.pwrite, f.fd, data, start)
+            self.stats.bytes += len(data)
+            f.done[i] = True
+            f.remaining -= 1
+            await self._hash_ahead(f)
+            if f.remaining:  # the read that completes the file waits for verification
+                f.arrived[i].set()
+
+    async def _get(self, f: _Fetch, start: int, end: int) -> bytes | None:
+        """Bytes [start, end) of the object, or None after failing the fetch."""
+        try:
+            async with self._limiter:
+                data: bytes = await retrying(
+                    f"GET {f.key} [{start}, {end})",
+                    lambda: self.store.get(f.key, start, end, etag=f.etag),
+                    self.config.retry,
+                    self.retry_stats,
+                )
+        except Stale as e:
+            log.warning("%s; reads of it fail with ESTALE until it is opened again", e)
+            f.fail(errno.ESTALE)
+            return None
+        except NotFound:
+            log.warning("%s vanished from the store while being read", f.key)
+            f.fail(errno.ENOENT)
+            return None
+        except StoreError as e:
+            log.warning("cannot read %s: %s", f.key, e)
+            self.retry_stats.last_error = str(e)
+            f.fail(errno.EIO)
+            return None
+        if len(data) != end - start:
+            log.error("%s: got %d bytes for [%d, %d)", f.key, len(data), start, end)
+            f.fail(errno.EIO)
+            return None
+        return data
+
+    async def _hash_ahead(self, f: _Fetch) -> None:
+        async with f.hash_lock:
+            while f.hashed < f.count and f.done[f.hashed]:
+                start, end = f.span(f.hashed)
+                data = await trio.to_thread.run_sync(os.pread, f.fd, end - start, start)
+                await trio.to_thread.run_sync(f.hasher.update, data)
+                f.hashed += 1
+
+    async def _verify(self, f: _Fetch) -> None:
+        await self._hash_ahead(f)
+        got = f.hasher.hexdigest()
+        ino = f.ino
+        if f.checksum is not None and got != f.checksum:
+            self.stats.checksum_failures += 1
+            log.error(
+                "checksum mismatch in %s: the store's metadata says %s, the content is %s; "
+                "reads of it fail with EIO",
+                f.key,
+                f.checksum,
+                got,
+            )
+            f.fail(errno.EIO)
+            return
+        if ino.state is State.REMOTE and ino.stored_etag == f.etag:
+            ino.state = State.CLEAN
+            ino.checksum = got
+            ino.charged = ino.size
+            with self.journal.transaction():
+                self.journal.update_attrs(ino)
+            ino.attrs_dirty = False
+            self.table.on_clean()
+        for e in f.arrived:
+            e.set()
+
+    def _drop(self, f: _Fetch) -> None:
+        """A failed fetch keeps no content; the file stays remote. The cache file is emptied,
+        not removed: open handles hold it, and the next fetch refills the same file."""
+        if f.ino.state is State.REMOTE:
+            self.cache.create(f.ino.id)
+            self.space.shrink(f.ino, 0)

@@ -1,0 +1,226 @@
+"""The shared namespace: what the store holds, merged into the journal one directory at a time.
+
+When the kernel looks up a name or opens a directory, the directory is listed in the store
+(one delimiter LIST, every page) unless it was listed less than ``ttl`` seconds ago, so a
+burst of creates in a directory costs one LIST, not one HEAD per name. The merge, in one
+journal transaction:
+
+* a file the journal does not have becomes a ``remote`` row (size and times from the listing;
+  checksum, mode and mtime come from the object's metadata when it is opened), a prefix
+  becomes a ``remote`` directory;
+* local entries win: a dirty or uploading file, and anything that is not a regular file, is
+  left as it is;
+* a clean or remote file whose object has another ETag was rewritten by someone else (last
+  writer wins): unless it is open here, it is replaced by a new remote inode (the kernel
+  keeps size and mtime of an inode it knows, so the same inode could not show the new size);
+* a remote or clean file whose object is gone was deleted by someone else: the name goes, unless
+  the file is open, or the object is ours and newer than the listing, or a store operation of
+  ours is moving it.
+
+A failed listing is logged and the local view served; it is tried again after ``ttl``.
+"""
+
+from __future__ import annotations
+
+import logging
+import stat
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from drain.retry import RetryPolicy, RetryStats, retrying
+from drain.store import Listing, ObjectInfo, Store, StoreError
+from fsops.inodes import Inode, InodeTable
+from fsops.journal import ROOT_INODE, InodeRow, State
+from fsops.names import KeyRules
+from fsops.storekeys import StoreKeys
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ListingConfig:
+    ttl: float = 5.0
+    retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(attempts=3, base=0.05, cap=1))
+
+
+class Listings:
+    def __init__(
+        self,
+        table: InodeTable,
+        keys: StoreKeys,
+        rules: KeyRules,
+        store: Store,
+        config: ListingConfig,
+        stats: RetryStats,
+    ) -> None:
+        self.table = table
+        self.journal = table.journal
+        self.keys = keys
+        self.rules = rules
+        self.store = store
+        self.config = config
+        self.stats = stats
+        self._listed: dict[int, float] = {}  # directory inode -> when its last listing started
+        self._inflight: dict[int, trio.Event] = {}
+        self._failing = False
+        self.lists = 0  # LIST calls made (all pages of one directory count once)
+
+    def forget(self, directory: int) -> None:
+        """List ``directory`` again at its next use."""
+        self._listed.pop(directory, None)
+
+    async def refresh(self, d: Inode) -> None:
+        if not d.is_dir or (d.parent is None and d.id != ROOT_INODE):
+            return
+        last = self._listed.get(d.id)
+        if last is not None and time.monotonic() - last < self.config.ttl:
+            return
+        busy = self._inflight.get(d.id)
+        if busy is not None:
+            await busy.wait()
+            return
+        done = self._inflight[d.id] = trio.Event()
+        started = time.monotonic()
+        try:
+            prefix = self.keys.key_of(d.id)
+            if d.id != ROOT_INODE:
+                prefix += "/"
+            listing = await self._list(prefix)
+            self._listed[d.id] = started
+            if listing is not None and (d.parent is not None or d.id == ROOT_INODE):
+                self._merge(d, prefix, listing, started)
+        finally:
+            del self._inflight[d.id]
+            done.set()
+
+    async def _list(self, prefix: str) -> Listing | None:
+        self.lists += 1
+        try:
+            listing = await retrying(
+                f"list {prefix or '/'}",
+                lambda: self.store.list_dir(prefix),
+                self.config.retry,
+                self.stats,
+            )
+        except StoreError as e:
+            if not self._failing:
+                log.warning("cannot list the store (%s); showing the local view only", e)
+            self._failing = True
+            self.stats.last_error = str(e)
+            return None
+        if self._failing:
+            log.info("listing the store works again")
+            self._failing = False
+        return listing
+
+    # -- the merge -------------------------------------------------------------------------------
+
+    def _merge(self, d: Inode, prefix: str, listing: Listing, started: float) -> None:
+        pending = self.journal.pending_keys()
+        seen: set[bytes] = set()
+        freed: list[int] = []
+        with self.journal.transaction():
+            for o in listing.objects:
+                name = self._name(o.key[len(prefix) :])
+                if name is not None:
+                    seen.add(name)
+                    freed += self._file(d, name, o, pending)
+            for p in listing.dirs:
+                name = self._name(p[len(prefix) : -1])
+                if name is not None:
+                    seen.add(name)
+                    self._dir(d, name)
+            after = 0
+            while batch := self.journal.children(d.id, after, 1024):
+                for row in batch:
+                    after = row.id
+                    if row.name is not None and bytes(row.name) not in seen:
+                        freed += self._vanished(row, pending, started)
+        for inode in freed:
+            self.table.cache.remove(inode)
+
+    def _name(self, name: str) -> bytes | None:
+        raw = name.encode()
+        if not name or "/" in name or name in (".", "..") or len(raw) > 255:
+            if name:
+                log.debug("skipping store key component %r: not a file name here", name)
+            return None
+        return raw
+
+    def _current(self, row: InodeRow) -> InodeRow:
+        mem = self.table.peek(row.id)
+        return mem if mem is not None else row
+
+    @staticmethod
+    def _in_use(row: InodeRow) -> bool:
+        return isinstance(row, Inode) and bool(row.opens or row.pins or row.fd >= 0)
+
+    def _new_row(self, d: Inode, name: bytes, mode: int, size: int, mtime_ns: int) -> InodeRow:
+        return InodeRow(
+            id=0,
+            parent=d.id,
+            name=name,
+            mode=mode,
+            uid=d.uid,
+            gid=d.gid,
+            size=size,
+            atime_ns=0,  # never opened here: the first to go when the cache needs room
+            mtime_ns=mtime_ns,
+            ctime_ns=mtime_ns,
+            target=None,
+            state=State.REMOTE,
+            generation=1,
+        )
+
+    def _file(self, d: Inode, name: bytes, o: ObjectInfo, pending: set[str]) -> list[int]:
+        mtime_ns = int(o.mtime * 1e9)
+        found = self.journal.lookup(d.id, name)
+        if found is None:
+            row = self._new_row(d, name, stat.S_IFREG | 0o644, o.size, mtime_ns)
+            row.id = self.journal.insert(row)
+            row.stored_key, row.stored_etag = o.key, o.etag
+            self.journal.update_attrs(row)
+            return []
+        row = self._current(found)
+        if not stat.S_ISREG(row.mode) or row.state not in (State.CLEAN, State.REMOTE):
+            return []  # local wins: a directory, a symlink, or data not yet in the store
+        if row.stored_key == o.key and row.stored_etag == o.etag:
+            return []
+        if o.key in pending or (row.stored_key in pending) or self._in_use(row):
+            return []
+        # Rewritten by someone else: the store's version is the current one. It gets a new
+        # inode, because the kernel (write-back cache) never takes a new size or mtime for an
+        # inode it knows; an old inode still looked up lives on as an orphan until forgotten.
+        log.info("%s changed in the store; the cached copy is dropped", o.key)
+        freed = self.table.unlink(self.table.adopt(row))
+        new = self._new_row(d, name, row.mode, o.size, mtime_ns)
+        new.id = self.journal.insert(new)
+        new.stored_key, new.stored_etag = o.key, o.etag
+        self.journal.update_attrs(new)
+        return [row.id] if freed and row.state is State.CLEAN else []
+
+    def _dir(self, d: Inode, name: bytes) -> None:
+        if self.journal.lookup(d.id, name) is None:
+            now = time.time_ns()
+            self.journal.insert(self._new_row(d, name, stat.S_IFDIR | 0o755, 0, now))
+
+    def _vanished(self, found: InodeRow, pending: set[str], started: float) -> list[int]:
+        row = self._current(found)
+        if self._in_use(row):
+            return []
+        if stat.S_ISDIR(row.mode):
+            if row.state is State.REMOTE and not self.journal.has_children(row.id):
+                self.table.unlink(self.table.adopt(row))
+            return []
+        if not stat.S_ISREG(row.mode) or row.state not in (State.CLEAN, State.REMOTE):
+            return []
+        key = row.stored_key
+        if key is None or key in pending:
+            return []
+        if self.keys.recently_stored.get(key, -1.0) >= started - 1.0:
+            return []  # ours, and newer than the listing
+        log.info("%s was deleted from the store; the name goes here too", key)
+        freed = self.table.unlink(self.table.adopt(row))
+        return [row.id] if freed and row.state is State.CLEAN else []

@@ -1,0 +1,25 @@
+"""The store side of the filesystem (:class:`fsops.remote.Remote`): listings and fetches."""
+
+from __future__ import annotations
+
+from drain.fetch import Fetcher
+from drain.listing import Listings
+from fsops.inodes import Inode
+
+
+class ReadThrough:
+    def __init__(self, listings: Listings, fetcher: Fetcher) -> None:
+        self.listings = listings
+        self.fetcher = fetcher
+
+    async def refresh(self, directory: Inode) -> None:
+        await self.listings.refresh(directory)
+
+    async def prepare_open(self, ino: Inode, flags: int) -> None:
+        await self.fetcher.prepare_open(ino, flags)
+
+    async def ensure(self, ino: Inode, off: int, size: int) -> None:
+        await self.fetcher.ensure(ino, off, size)
+
+    async def ensure_whole(self, ino: Inode) -> None:
+        await self.fetcher.ensure_whole(ino)

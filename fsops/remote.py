@@ -1,0 +1,43 @@
+"""What the filesystem needs from the store side to show files it does not hold.
+
+The implementation is :class:`drain.readthrough.ReadThrough` (listings merged into the
+journal, content fetched into the cache); :class:`LocalOnly` serves a cache on its own.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Protocol
+
+from fsops.inodes import Inode, fs_error
+from fsops.journal import State
+
+
+class Remote(Protocol):
+    async def refresh(self, directory: Inode) -> None:
+        """Merge the store's view of ``directory`` into the journal, unless recently done."""
+
+    async def prepare_open(self, ino: Inode, flags: int) -> None:
+        """Before a remote file is opened: check it still exists (ENOENT if not), then start
+        fetching it, or for writing fetch it whole (or nothing, with O_TRUNC)."""
+
+    async def ensure(self, ino: Inode, off: int, size: int) -> None:
+        """Return once bytes [off, off + size) of a file being fetched are in the cache."""
+
+    async def ensure_whole(self, ino: Inode) -> None:
+        """Return once the whole content of a remote file is in the cache (state clean)."""
+
+
+class LocalOnly:
+    async def refresh(self, directory: Inode) -> None:
+        pass
+
+    async def prepare_open(self, ino: Inode, flags: int) -> None:
+        await self.ensure_whole(ino)
+
+    async def ensure(self, ino: Inode, off: int, size: int) -> None:
+        await self.ensure_whole(ino)
+
+    async def ensure_whole(self, ino: Inode) -> None:
+        if ino.state is State.REMOTE:
+            raise fs_error(errno.EIO)  # only in the store, and there is no store

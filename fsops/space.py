@@ -1,0 +1,142 @@
+"""The cache as a bounded tier: charging growth against the limit, eviction, back-pressure.
+
+Two bounds apply to every byte a cache file grows by: the configured cache size (``limit``,
+optional) and the disk reserve (the journal must always be able to commit). When growth does
+not fit, clean files are evicted, least recently used first (``atime`` is the last open, and a
+checkpoint's files were written together, so older checkpoints go first unless read since);
+dirty, uploading, open and fetching files are never evicted. When that is not enough the
+writer waits, up to ``write_wait`` seconds, for the drain to make files clean (or for anything
+else to free space), and only then gets ENOSPC. Nothing is acknowledged that is not in a cache
+file.
+
+Growth is charged per inode up to ``Inode.charged`` (the size already paid for), so writes
+that overlap or race do not count twice.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from dataclasses import dataclass
+
+import trio
+
+from fsops.inodes import Inode, InodeTable, fs_error
+from fsops.journal import InodeRow, State
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SpaceStats:
+    evictions: int = 0
+    evicted_bytes: int = 0
+    waits: int = 0  # writes that had to wait for the drain
+    enospc: int = 0  # writes refused after waiting
+
+
+class CacheSpace:
+    def __init__(self, table: InodeTable, limit: int | None, write_wait: float) -> None:
+        self.table = table
+        self.cache = table.cache
+        self.journal = table.journal
+        self.limit = limit
+        self.write_wait = write_wait
+        self.stats = SpaceStats()
+        self._room = trio.Event()
+        self.cache.used = self.journal.cached_bytes()
+        self.cache.on_freed = self.changed
+        table.on_clean = self.changed
+
+    def changed(self) -> None:
+        """Space was freed or a file became clean (evictable): waiting writers look again."""
+        self._room.set()
+
+    def _fits(self, nbytes: int) -> bool:
+        if self.limit is not None and self.cache.used + nbytes > self.limit:
+            return False
+        return self.cache.disk_room() >= nbytes
+
+    async def grow(self, ino: Inode, end: int) -> None:
+        """Charge the cache file of ``ino`` growing to ``end`` bytes; ENOSPC if it cannot."""
+        need = end - ino.charged
+        if need <= 0:
+            return
+        if not self._fits(need):
+            await self._make_room(need)
+            need = end - ino.charged  # another write may have charged part of it meanwhile
+            if need <= 0:
+                return
+        self.cache.used += need
+        ino.charged = end
+
+    def shrink(self, ino: Inode, size: int) -> None:
+        if size < ino.charged:
+            self.cache.uncharge(ino.charged - size)
+            ino.charged = size
+
+    async def _make_room(self, need: int) -> None:
+        deadline = time.monotonic() + self.write_wait
+        waited = False
+        while True:
+            self.evict(need)
+            if self._fits(need):
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.stats.enospc += 1
+                log.warning(
+                    "cache full: %d bytes in use%s, no clean file left to evict; "
+                    "a write got ENOSPC after waiting %.0f s for the drain",
+                    self.cache.used,
+                    "" if self.limit is None else f" of {self.limit}",
+                    self.write_wait,
+                )
+                raise fs_error(errno.ENOSPC)
+            if not waited:
+                waited = True
+                self.stats.waits += 1
+                log.info("cache full of dirty data: a write waits for the drain")
+            self._room = trio.Event()
+            with trio.move_on_after(min(remaining, 1.0)):  # disk space freed by others, too
+                await self._room.wait()
+
+    def evict(self, need: int) -> None:
+        """Evict clean files, least recently used first, until ``need`` bytes fit."""
+        while not self._fits(need):
+            rows = self.journal.eviction_candidates(64)
+            evicted = 0
+            for row in rows:
+                if self._fits(need):
+                    return
+                evicted += self._evict_one(row)
+            if not evicted:
+                return
+
+    def _evict_one(self, row: InodeRow) -> int:
+        ino = self.table.peek(row.id)
+        if ino is not None and (ino.opens or ino.pins or ino.inflight or ino.fd >= 0):
+            return 0
+        target: InodeRow = ino if ino is not None else row
+        if target.state is not State.CLEAN:
+            return 0
+        target.state = State.REMOTE
+        with self.journal.transaction():  # journal first: a crash then leaves a stray file
+            self.journal.update_attrs(target)
+        if ino is not None:
+            ino.attrs_dirty = False
+            ino.charged = 0
+        self.cache.remove(row.id)
+        self.stats.evictions += 1
+        self.stats.evicted_bytes += row.size
+        log.debug("evicted inode %d (%d bytes)", row.id, row.size)
+        return 1
+
+    def free_bytes(self) -> int:
+        """Room for new data: the disk's, capped by the limit (clean files count as free)."""
+        room = self.cache.disk_room()
+        if self.limit is not None:
+            clean = self.journal.totals_by_state().get(State.CLEAN, (0, 0))[1]
+            room = min(room, self.limit - self.cache.used + clean)
+        return max(0, room)
