@@ -41,6 +41,7 @@ demo: venv
 bench: venv
 	$(BIN)/python -m bench.save_stall
 	$(BIN)/python -m bench.drain_time
+	$(BIN)/python -m bench.cold_restore
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -70,6 +70,7 @@ class _Fetch:
         self.hashed = 0  # chunks hashed, in order
         self.hash_lock = trio.Lock()
         self.error: int | None = None
+        self.verified = False
         self.failed_at = 0.0
         self.finished = trio.Event()
 
@@ -222,7 +223,7 @@ class Fetcher:
             return None
         if ino.stored_key is None:
             raise fs_error(errno.EIO)
-        await self.space.grow(ino, ino.size)
+        await self.space.grow(ino, ino.size, patient=True)
         self.cache.create(ino.id)
         fd = self.cache.open(ino.id)
         os.ftruncate(fd, ino.size)
@@ -245,17 +246,20 @@ class Fetcher:
         except Exception:
             log.exception("fetching %s failed unexpectedly", f.key)
             f.fail(errno.EIO)
-        finally:
+        finally:  # also on cancellation (unmount): the partial file is removed at next mount
             os.close(f.fd)
             f.ino.pins -= 1
-            if f.error is None:
+            if f.verified:
                 self._active.pop(f.ino.id, None)
                 self.stats.files += 1
                 log.info(
                     "fetched %s (%d bytes) in %.2f s", f.key, f.size, time.monotonic() - started
                 )
-            else:
+            elif f.error is not None:
                 self._drop(f)
+            else:  # cancelled: nobody may take the sparse file for content
+                f.fail(errno.EIO)
+                self._active.pop(f.ino.id, None)
             f.finished.set()
             self.table.release_if_unused(f.ino)
 
@@ -333,6 +337,7 @@ class Fetcher:
                 self.journal.update_attrs(ino)
             ino.attrs_dirty = False
             self.table.on_clean()
+        f.verified = True
         for e in f.arrived:
             e.set()
 

@@ -45,12 +45,17 @@ class CacheSpace:
         self.write_wait = write_wait
         self.stats = SpaceStats()
         self._room = trio.Event()
+        self._waiting = 0  # writes waiting for room now
+        # Set when a write got ENOSPC after the full wait; until something frees room, the
+        # next writes fail at once (the kernel's write-back would otherwise wait once per page).
+        self._full = False
         self.cache.used = self.journal.cached_bytes()
         self.cache.on_freed = self.changed
         table.on_clean = self.changed
 
     def changed(self) -> None:
         """Space was freed or a file became clean (evictable): waiting writers look again."""
+        self._full = False
         self._room.set()
 
     def _fits(self, nbytes: int) -> bool:
@@ -58,13 +63,14 @@ class CacheSpace:
             return False
         return self.cache.disk_room() >= nbytes
 
-    async def grow(self, ino: Inode, end: int) -> None:
-        """Charge the cache file of ``ino`` growing to ``end`` bytes; ENOSPC if it cannot."""
+    async def grow(self, ino: Inode, end: int, *, patient: bool = False) -> None:
+        """Charge the cache file of ``ino`` growing to ``end`` bytes; ENOSPC if it cannot.
+        ``patient`` (fetches) waits the full time even right after another write gave up."""
         need = end - ino.charged
         if need <= 0:
             return
         if not self._fits(need):
-            await self._make_room(need)
+            await self._make_room(need, patient)
             need = end - ino.charged  # another write may have charged part of it meanwhile
             if need <= 0:
                 return
@@ -76,31 +82,41 @@ class CacheSpace:
             self.cache.uncharge(ino.charged - size)
             ino.charged = size
 
-    async def _make_room(self, need: int) -> None:
-        deadline = time.monotonic() + self.write_wait
-        waited = False
-        while True:
-            self.evict(need)
-            if self._fits(need):
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.stats.enospc += 1
-                log.warning(
-                    "cache full: %d bytes in use%s, no clean file left to evict; "
-                    "a write got ENOSPC after waiting %.0f s for the drain",
-                    self.cache.used,
-                    "" if self.limit is None else f" of {self.limit}",
-                    self.write_wait,
-                )
-                raise fs_error(errno.ENOSPC)
-            if not waited:
-                waited = True
-                self.stats.waits += 1
-                log.info("cache full of dirty data: a write waits for the drain")
-            self._room = trio.Event()
-            with trio.move_on_after(min(remaining, 1.0)):  # disk space freed by others, too
-                await self._room.wait()
+    async def _make_room(self, need: int, patient: bool) -> None:
+        self.evict(need)
+        if self._fits(need):
+            return
+        if self._full and not patient:
+            raise fs_error(errno.ENOSPC)
+        if self._waiting == 0:
+            self.stats.waits += 1
+            log.info("cache full of dirty data: writes wait for the drain")
+        self._waiting += 1
+        try:
+            deadline = time.monotonic() + self.write_wait
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (self._full and not patient):
+                    break
+                self._room = trio.Event()
+                with trio.move_on_after(min(remaining, 1.0)):  # disk space freed by others, too
+                    await self._room.wait()
+                self.evict(need)
+                if self._fits(need):
+                    return
+        finally:
+            self._waiting -= 1
+        if not self._full:
+            self._full = True
+            self.stats.enospc += 1
+            log.warning(
+                "cache full: %d bytes in use%s, no clean file left to evict; writes get "
+                "ENOSPC after waiting %.0f s for the drain, until room is freed",
+                self.cache.used,
+                "" if self.limit is None else f" of {self.limit}",
+                self.write_wait,
+            )
+        raise fs_error(errno.ENOSPC)
 
     def evict(self, need: int) -> None:
         """Evict clean files, least recently used first, until ``need`` bytes fit."""
