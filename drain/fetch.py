@@ -71,6 +71,7 @@ class _Fetch:
         self.hash_lock = trio.Lock()
         self.error: int | None = None
         self.verified = False
+        self.landing = 0  # charged to the cache space, not yet written
         self.failed_at = 0.0
         self.finished = trio.Event()
 
@@ -223,13 +224,14 @@ class Fetcher:
             return None
         if ino.stored_key is None:
             raise fs_error(errno.EIO)
-        await self.space.grow(ino, ino.size, patient=True)
+        landing = await self.space.grow(ino, ino.size, patient=True)
         self.cache.create(ino.id)
         fd = self.cache.open(ino.id)
         os.ftruncate(fd, ino.size)
         f = self._active[ino.id] = _Fetch(
             ino, ino.stored_key, ino.stored_etag, self.config.chunk, fd
         )
+        f.landing = landing
         ino.pins += 1
         assert self._nursery is not None
         self._nursery.start_soon(self._fetch, f)
@@ -247,6 +249,8 @@ class Fetcher:
             log.exception("fetching %s failed unexpectedly", f.key)
             f.fail(errno.EIO)
         finally:  # also on cancellation (unmount): the partial file is removed at next mount
+            self.space.landed(f.landing)
+            f.landing = 0
             os.close(f.fd)
             f.ino.pins -= 1
             if f.verified:
@@ -270,6 +274,9 @@ class Fetcher:
             if data is None:
                 return
             await trio.to_thread.run_sync(os.pwrite, f.fd, data, start)
+            landed = min(f.landing, len(data))
+            f.landing -= landed
+            self.space.landed(landed)
             self.stats.bytes += len(data)
             f.done[i] = True
             f.remaining -= 1

@@ -85,17 +85,20 @@ class OpenFiles:
         if h.append and self._place_appends:
             off = ino.size
         end = off + len(buf)
-        if end > ino.charged:
-            await self.space.grow(ino, end)
+        charged = await self.space.grow(ino, end) if end > ino.charged else 0
         if self.cache.direct is not None:
             ino.inflight += 1
             try:
                 n = await self.cache.direct.write(ino.fd, ino.dfd, buf, off)
             finally:
                 ino.inflight -= 1
+                self.space.landed(charged)
                 self.table.close_if_idle(ino)
         else:
-            n = os.pwrite(ino.fd, buf, off)
+            try:
+                n = os.pwrite(ino.fd, buf, off)
+            finally:
+                self.space.landed(charged)
             ino.unsynced_bytes += n
             if ino.unsynced_bytes >= self.cache.early_writeback > 0:
                 ino.unsynced_bytes = 0

@@ -274,7 +274,7 @@ class Namespace:
             if not ino.is_reg:
                 raise fs_error(errno.EINVAL)
             await self.table.ensure_dirty(ino)
-            await self.space.grow(ino, change.size)
+            self.space.landed(await self.space.grow(ino, change.size))  # sparse: no blocks
             fd = ino.fd if ino.fd >= 0 else self.table.cache.open(ino.id)
             try:
                 os.ftruncate(fd, change.size)

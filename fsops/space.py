@@ -46,6 +46,9 @@ class CacheSpace:
         self.stats = SpaceStats()
         self._room = trio.Event()
         self._waiting = 0  # writes waiting for room now
+        # Charged but not yet written (statvfs does not show it yet): writes on their way to
+        # the cache file, and the unfetched rest of fetches.
+        self._landing = 0
         # Set when a write got ENOSPC after the full wait; until something frees room, the
         # next writes fail at once (the kernel's write-back would otherwise wait once per page).
         self._full = False
@@ -61,21 +64,28 @@ class CacheSpace:
     def _fits(self, nbytes: int) -> bool:
         if self.limit is not None and self.cache.used + nbytes > self.limit:
             return False
-        return self.cache.disk_room() >= nbytes
+        return self.cache.disk_room() - self._landing >= nbytes
 
-    async def grow(self, ino: Inode, end: int, *, patient: bool = False) -> None:
+    def landed(self, nbytes: int) -> None:
+        """Bytes charged by :meth:`grow` are now written (or will never be)."""
+        self._landing = max(0, self._landing - nbytes)
+
+    async def grow(self, ino: Inode, end: int, *, patient: bool = False) -> int:
         """Charge the cache file of ``ino`` growing to ``end`` bytes; ENOSPC if it cannot.
+        Returns the bytes charged: the caller reports them :meth:`landed` once written.
         ``patient`` (fetches) waits the full time even right after another write gave up."""
         need = end - ino.charged
         if need <= 0:
-            return
+            return 0
         if not self._fits(need):
             await self._make_room(need, patient)
             need = end - ino.charged  # another write may have charged part of it meanwhile
             if need <= 0:
-                return
+                return 0
         self.cache.used += need
+        self._landing += need
         ino.charged = end
+        return need
 
     def shrink(self, ino: Inode, size: int) -> None:
         if size < ino.charged:
