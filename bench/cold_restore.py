@@ -11,7 +11,6 @@ Target (issue 4): the cold load at most 1.0x boto3 ``download_file``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -24,6 +23,7 @@ import torch
 from boto3.s3.transfer import TransferConfig
 
 from bench.drain_time import CREDS
+from bench.results import save
 from bench.save_stall import save_atomic, state_dict
 from gateway.harness import Gateway, exit_on_sigterm
 from tests.s3server import moto_server
@@ -128,20 +128,16 @@ def main() -> None:
         f"cold load vs boto3 download_file: {ratio:.2f}x (target <= 1.00: "
         f"{'MET' if ratio <= 1.0 else 'MISSED'})"
     )
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "cold_restore.json").write_text(
-        json.dumps(
-            {
-                "bytes": size,
-                "chunk": CHUNK,
-                "concurrency": CONCURRENCY,
-                "samples": res,
-                "median": med,
-                "ratio": ratio,
-            },
-            indent=2,
-        )
+    save(
+        "cold_restore",
+        {
+            "bytes": size,
+            "chunk": CHUNK,
+            "concurrency": CONCURRENCY,
+            "samples": res,
+            "median": med,
+            "ratio": ratio,
+        },
     )
 
 

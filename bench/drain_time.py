@@ -11,7 +11,6 @@ Targets (issue 3): time to durable at most 1.05x boto3; CPU per GiB at most boto
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -25,6 +24,7 @@ import xxhash
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config as BotoConfig
 
+from bench.results import save
 from bench.save_stall import save_atomic, state_dict
 from gateway.harness import Gateway, exit_on_sigterm
 from tests.s3server import moto_server
@@ -150,21 +150,17 @@ def main() -> None:
         f"{med['boto3_cpu'] / gib:9.2f} {c_ratio:6.2f} {'<= 1.00':>7}  "
         f"{'MET' if c_ratio <= 1.0 else 'MISSED'}"
     )
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "drain_time.json").write_text(
-        json.dumps(
-            {
-                "bytes": size,
-                "part_size": PART,
-                "concurrency": CONCURRENCY,
-                "samples": res,
-                "median": med,
-                "time_ratio": t_ratio,
-                "cpu_ratio": c_ratio,
-            },
-            indent=2,
-        )
+    save(
+        "drain_time",
+        {
+            "bytes": size,
+            "part_size": PART,
+            "concurrency": CONCURRENCY,
+            "samples": res,
+            "median": med,
+            "time_ratio": t_ratio,
+            "cpu_ratio": c_ratio,
+        },
     )
 
 

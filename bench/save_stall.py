@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import platform
 import shutil
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from bench.results import save
 from gateway.harness import Gateway, exit_on_sigterm
 
 TARGET = 1.25
@@ -172,10 +172,7 @@ def main() -> None:
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "save_stall.json").write_text(json.dumps(res, indent=2))
-    print(f"\nwrote {out / 'save_stall.json'}")
+    print(f"\nwrote {save('save_stall', res)}")
 
 
 if __name__ == "__main__":
