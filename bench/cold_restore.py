@@ -22,7 +22,7 @@ import boto3
 import torch
 from boto3.s3.transfer import TransferConfig
 
-from bench.drain_time import CREDS
+from bench.drain_time import CREDS, wait_for_object
 from bench.results import save
 from bench.save_stall import save_atomic, state_dict
 from gateway.harness import Gateway, exit_on_sigterm
@@ -69,13 +69,7 @@ def main() -> None:
                 (gw.mountpoint / "step_1").mkdir()
                 save_atomic(sd, gw.mountpoint / key)
                 size = (gw.mountpoint / key).stat().st_size
-                while True:
-                    try:
-                        if s3.head_object(Bucket="bench", Key=f"gw/{key}")["ContentLength"] == size:
-                            break
-                    except s3.exceptions.ClientError:
-                        pass
-                    time.sleep(0.2)
+                wait_for_object(s3, f"gw/{key}", size)
             del sd
             tc = TransferConfig(
                 multipart_threshold=CHUNK, multipart_chunksize=CHUNK, max_concurrency=CONCURRENCY

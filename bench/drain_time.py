@@ -17,6 +17,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import boto3
 import torch
@@ -42,6 +43,19 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_object(s3: Any, key: str, size: int) -> dict[str, Any]:
+    """Poll until ``bench/key`` holds ``size`` bytes; its HEAD. An object appears only when
+    complete (PUT, multipart, copy)."""
+    while True:
+        try:
+            h: dict[str, Any] = s3.head_object(Bucket="bench", Key=key)
+            if h["ContentLength"] == size:
+                return h
+        except s3.exceptions.ClientError:
+            pass
+        time.sleep(0.1)  # polling loads the (single-process) server too
 
 
 def main() -> None:
@@ -95,14 +109,7 @@ def main() -> None:
                     save_atomic(sd, gw.mountpoint / key)
                     t0, c0 = time.perf_counter(), cpu_seconds(gw.pid)
                     written = (gw.mountpoint / key).stat().st_size
-                    while True:  # an object appears only when complete (PUT, multipart, copy)
-                        try:
-                            h = s3.head_object(Bucket="bench", Key=f"gw/{key}")
-                            if h["ContentLength"] == written:
-                                break
-                        except s3.exceptions.ClientError:
-                            pass
-                        time.sleep(0.1)  # polling loads the (single-process) server too
+                    h = wait_for_object(s3, f"gw/{key}", written)
                     g_time, g_cpu = time.perf_counter() - t0, cpu_seconds(gw.pid) - c0
                     digest = xxhash.xxh3_128_hexdigest((gw.mountpoint / key).read_bytes())
                     assert h["Metadata"]["xxh3-128"] == digest, "the object is not what was saved"

@@ -280,7 +280,7 @@ class Fetcher:
             self.stats.bytes += len(data)
             f.done[i] = True
             f.remaining -= 1
-            await self._hash_ahead(f)
+            await self._hash_ahead(f, i, data)
             if f.remaining:  # the read that completes the file waits for verification
                 f.arrived[i].set()
 
@@ -313,13 +313,23 @@ class Fetcher:
             return None
         return data
 
-    async def _hash_ahead(self, f: _Fetch) -> None:
+    async def _hash_ahead(self, f: _Fetch, arrived: int = -1, data: bytes = b"") -> None:
+        """Hash the chunks done in order since the last call: the one that just ``arrived``
+        from its bytes in memory, the others read back from the cache file."""
         async with f.hash_lock:
-            while f.hashed < f.count and f.done[f.hashed]:
-                start, end = f.span(f.hashed)
-                data = await trio.to_thread.run_sync(os.pread, f.fd, end - start, start)
-                await trio.to_thread.run_sync(f.hasher.update, data)
-                f.hashed += 1
+            todo: list[int] = []
+            while f.hashed + len(todo) < f.count and f.done[f.hashed + len(todo)]:
+                todo.append(f.hashed + len(todo))
+            if not todo:
+                return
+
+            def run() -> None:
+                for i in todo:
+                    start, end = f.span(i)
+                    f.hasher.update(data if i == arrived else os.pread(f.fd, end - start, start))
+
+            await trio.to_thread.run_sync(run)
+            f.hashed += len(todo)
 
     async def _verify(self, f: _Fetch) -> None:
         await self._hash_ahead(f)

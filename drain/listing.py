@@ -65,11 +65,6 @@ class Listings:
         self._listed: dict[int, float] = {}  # directory inode -> when its last listing started
         self._inflight: dict[int, trio.Event] = {}
         self._failing = False
-        self.lists = 0  # LIST calls made (all pages of one directory count once)
-
-    def forget(self, directory: int) -> None:
-        """List ``directory`` again at its next use."""
-        self._listed.pop(directory, None)
 
     async def refresh(self, d: Inode) -> None:
         if not d.is_dir or (d.parent is None and d.id != ROOT_INODE):
@@ -96,7 +91,6 @@ class Listings:
             done.set()
 
     async def _list(self, prefix: str) -> Listing | None:
-        self.lists += 1
         try:
             listing = await retrying(
                 f"list {prefix or '/'}",
@@ -188,7 +182,7 @@ class Listings:
             return []  # local wins: a directory, a symlink, or data not yet in the store
         if row.stored_key == o.key and row.stored_etag == o.etag:
             return []
-        if o.key in pending or (row.stored_key in pending) or self._in_use(row):
+        if o.key in pending or row.stored_key in pending or self._in_use(row):
             return []
         # Rewritten by someone else: the store's version is the current one. It gets a new
         # inode, because the kernel (write-back cache) never takes a new size or mtime for an

@@ -135,8 +135,9 @@ class Operations(pyfuse3.Operations):
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
             ctime_ns=attr.st_ctime_ns if fields.update_ctime else None,
         )
-        if change.size is not None and self.table.get(inode).state is State.REMOTE:
-            await self.remote.ensure_whole(self.table.get(inode))  # keep what the size keeps
+        ino = self.table.get(inode)
+        if change.size is not None and ino.state is State.REMOTE:
+            await self.remote.ensure_whole(ino)  # keep what the new size keeps
         return self.attrs(await self.ns.setattr(inode, change))
 
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
