@@ -12,6 +12,10 @@ upload complete, then moves the object (see :mod:`fsops.storekeys`). Failures ke
 dirty and retry it later with a growing delay; a permanent error is logged once per file and
 retried after ``permanent_retry`` seconds, so fixing the cause (new credentials, the bucket
 created) needs no remount.
+
+``flush`` makes files due now, ahead of the rest, and retries failed ones at once. The
+emergency drain (SIGTERM, a preemption notice) flushes everything, newest file first, with up
+to ``max_parts`` files at once, and keeps doing so for files written after it began.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import trio
 
+from drain.progress import DrainStats, UploadProgress
 from drain.retry import RetryStats, retrying
 from drain.store import NotFound, Store, StoreError
 from drain.upload import Changed, UploadConfig, Uploader
@@ -49,6 +55,7 @@ class _Running:
     inode: int
     key: str
     scope: trio.CancelScope
+    progress: UploadProgress
     changed: bool = False
 
 
@@ -60,6 +67,7 @@ class DrainEngine:
         self.store = store
         self.config = config
         self.stats = RetryStats()
+        self.drained = DrainStats()
         self.uploader = Uploader(
             fs.table,
             fs.keys,
@@ -67,10 +75,15 @@ class DrainEngine:
             config.upload,
             trio.CapacityLimiter(config.max_parts),
             self.stats,
+            self.drained,
         )
         self._due: dict[int, float] = {}  # inode -> monotonic time it may start
         self._failures: dict[int, int] = {}
         self._running: dict[int, _Running] = {}
+        self._urgent: set[int] = set()  # flushed: before everything else, no settle delay
+        self.emergency: str | None = None  # why everything drains now, newest first
+        self.errors: dict[int, str] = {}  # inode -> why its last upload failed
+        self.dirty_since: dict[int, float] = {}  # inode -> wall time it became dirty
         self._wake = trio.Event()
         self._ops_wake = trio.Event()
         fs.table.on_written = self._written
@@ -83,6 +96,7 @@ class DrainEngine:
     def _written(self, ino: Inode) -> None:
         if ino.state is State.DIRTY:
             self._due[ino.id] = time.monotonic() + self.config.settle
+            self.dirty_since.setdefault(ino.id, time.time())
             self._wake.set()
 
     def _content_changed(self, inode: int) -> None:
@@ -95,13 +109,43 @@ class DrainEngine:
         self._ops_wake.set()
         self._wake.set()
 
+    # -- what the control socket asks for -------------------------------------------------------
+
+    def flush(self, inodes: Iterable[int] | None = None) -> None:
+        """Drain these files (every dirty file if None) now, before the others."""
+        now = time.monotonic()
+        for inode in self.journal.dirty_files() if inodes is None else inodes:
+            self._urgent.add(inode)
+            self._failures.pop(inode, None)
+            if inode not in self._running:
+                self._due[inode] = min(self._due.get(inode, now), now)
+        self._new_ops()
+
+    def start_emergency(self, reason: str) -> None:
+        """Drain everything now, newest first, at full concurrency (SIGTERM, preemption)."""
+        if self.emergency is None:
+            log.warning("emergency drain (%s): newest files first, no settle delay", reason)
+            self.emergency = reason
+        self.flush()
+
+    def running(self) -> list[UploadProgress]:
+        return [r.progress for r in self._running.values()]
+
+    def is_idle(self) -> bool:
+        """Nothing dirty, uploading or waiting for a store operation."""
+        return (
+            not self._running and not self.journal.dirty_files() and not self.journal.store_ops(1)
+        )
+
     # -- the loops -------------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self._reconcile()
-        now = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         for inode in self.journal.dirty_files():
             self._due[inode] = now
+            row = self.journal.get(inode)
+            self.dirty_since[inode] = min(wall, row.mtime_ns / 1e9) if row else wall
         task_status.started()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._ops_loop)
@@ -113,21 +157,32 @@ class DrainEngine:
                 with trio.move_on_after(max(0.01, min(delay, 60.0))):
                     await self._wake.wait()
 
+    def _order(self, item: tuple[int, float]) -> tuple[bool, float]:
+        inode, due = item
+        if self.emergency is None:
+            return inode not in self._urgent, due
+        ino = self.table.peek(inode)
+        return inode not in self._urgent, -(ino.mtime_ns if ino is not None else 0)
+
     def _start_due(self, nursery: trio.Nursery) -> None:
         now = time.monotonic()
         busy = {r.key for r in self._running.values()}
         pending: set[str] | None = None
-        for inode, due in sorted(self._due.items(), key=lambda kv: kv[1]):
-            if len(self._running) >= self.config.max_files:
+        max_files = self.config.max_files
+        if self.emergency is not None:
+            max_files = max(max_files, self.config.max_parts)
+        for inode, due in sorted(self._due.items(), key=self._order):
+            if len(self._running) >= max_files:
                 return
-            if due > now or inode in self._running:
+            now_wanted = (self.emergency or inode in self._urgent) and inode not in self._failures
+            if (due > now and not now_wanted) or inode in self._running:
                 continue
             ino = self.table.peek(inode) or self._load(inode)
             if ino is None:
-                del self._due[inode]
+                self._forget(inode)
                 continue
             if ino.parent is None or ino.state not in (State.DIRTY, State.UPLOADING):
-                del self._due[inode]
+                self._forget(inode)
                 self.table.release_if_unused(ino)
                 continue
             if ino.writers > 0:
@@ -141,10 +196,17 @@ class DrainEngine:
             if key in busy or key in pending:
                 continue
             del self._due[inode]
-            run = _Running(inode, key, trio.CancelScope())
+            run = _Running(inode, key, trio.CancelScope(), UploadProgress(inode, key))
             self._running[inode] = run
             busy.add(key)
             nursery.start_soon(self._upload, ino, run)
+
+    def _forget(self, inode: int) -> None:
+        """The file is clean or gone: nothing about it is pending any more."""
+        self._due.pop(inode, None)
+        self._urgent.discard(inode)
+        self.errors.pop(inode, None)
+        self.dirty_since.pop(inode, None)
 
     def _load(self, inode: int) -> Inode | None:
         try:
@@ -156,8 +218,10 @@ class DrainEngine:
         started = time.monotonic()
         try:
             with run.scope:
-                await self.uploader.upload(ino)
+                await self.uploader.upload(ino, run.progress)
                 self._failures.pop(ino.id, None)
+                if ino.state is State.CLEAN:
+                    self._forget(ino.id)
                 log.info(
                     "uploaded %s (%d bytes) in %.2f s",
                     run.key,
@@ -170,7 +234,9 @@ class DrainEngine:
             self._failed(ino, e)
         except Exception as e:  # a bug or a cache-disk error: this file waits, the rest goes on
             log.exception("upload of inode %d failed unexpectedly", ino.id)
-            self._failed(ino, StoreError(f"unexpected error: {e!r}", temporary=True))
+            error = StoreError(f"unexpected error: {e!r}", temporary=True, code="Internal")
+            self.stats.failed(f"upload {run.key}", error)
+            self._failed(ino, error)
         finally:
             del self._running[ino.id]
             self._wake.set()
@@ -192,7 +258,7 @@ class DrainEngine:
 
     def _failed(self, ino: Inode, e: StoreError) -> None:
         n = self._failures[ino.id] = self._failures.get(ino.id, 0) + 1
-        self.stats.last_error = str(e)
+        self.errors[ino.id] = str(e)
         if e.temporary:
             delay = min(300.0, 2.0 * 2 ** min(n, 8))
             log.warning("upload of inode %d failed (%s); retrying in %.0f s", ino.id, e, delay)
@@ -223,11 +289,13 @@ class DrainEngine:
             except Exception as e:  # StoreError, or a bug: either way the ops wait, not the FS
                 if not isinstance(e, StoreError):
                     log.exception("store operation failed unexpectedly")
+                    self.stats.failed("store operation", StoreError(repr(e), temporary=True))
                 failures += 1
-                self.stats.last_error = str(e)
                 delay = min(300.0, 2.0 * 2 ** min(failures, 8))
                 log.warning("store operation failed (%s); retrying in %.0f s", e, delay)
-                await trio.sleep(delay)
+                self._ops_wake = trio.Event()
+                with trio.move_on_after(delay):
+                    await self._ops_wake.wait()  # a flush retries at once
                 continue
             await self._ops_wake.wait()
 

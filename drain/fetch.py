@@ -304,7 +304,6 @@ class Fetcher:
             return None
         except StoreError as e:
             log.warning("cannot read %s: %s", f.key, e)
-            self.retry_stats.last_error = str(e)
             f.fail(errno.EIO)
             return None
         if len(data) != end - start:

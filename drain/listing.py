@@ -102,7 +102,6 @@ class Listings:
             if not self._failing:
                 log.warning("cannot list the store (%s); showing the local view only", e)
             self._failing = True
-            self.stats.last_error = str(e)
             return None
         if self._failing:
             log.info("listing the store works again")

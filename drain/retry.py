@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import trio
@@ -33,8 +34,19 @@ class RetryPolicy:
 
 @dataclass
 class RetryStats:
+    """What went wrong with store calls: shown by ``ckptgw status`` and the metrics."""
+
     retries: int = 0
     last_error: str = ""
+    last_error_at: float = 0.0  # seconds since the epoch
+    errors: dict[str, int] = field(default_factory=dict)  # by kind: the error code
+
+    def failed(self, what: str, e: StoreError) -> None:
+        """Count one failed store call (retried or not)."""
+        kind = e.code or ("temporary" if e.temporary else "permanent")
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+        self.last_error = f"{what}: {e}" if what and not str(e).startswith(what) else str(e)
+        self.last_error_at = time.time()
 
 
 async def retrying(
@@ -50,16 +62,15 @@ async def retrying(
         try:
             return await call()
         except StoreError as e:
+            if stats is not None:
+                stats.failed(what, e)
             if not e.temporary or attempt == policy.attempts:
-                if stats is not None:
-                    stats.last_error = f"{what}: {e}"
                 raise
             delay = rng.uniform(0, min(policy.cap, policy.base * 2 ** (attempt - 1)))
             if e.retry_after is not None:
                 delay = max(delay, min(e.retry_after, policy.cap))
             if stats is not None:
                 stats.retries += 1
-                stats.last_error = f"{what}: {e}"
             log.info("%s: %s; retry %d in %.2f s", what, e, attempt, delay)
             await trio.sleep(delay)
     raise AssertionError("unreachable")

@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
 import xxhash
 
+from drain.progress import DrainStats, UploadProgress
 from drain.retry import RetryPolicy, RetryStats, retrying
 from drain.store import NotFound, Store, StoreError, part_size_for
 from fsops.inodes import Inode, InodeTable
@@ -92,6 +94,7 @@ class Uploader:
         config: UploadConfig,
         parts_limiter: trio.CapacityLimiter,
         stats: RetryStats,
+        drained: DrainStats | None = None,
     ) -> None:
         self.table = table
         self.journal = table.journal
@@ -100,17 +103,32 @@ class Uploader:
         self.config = config
         self.parts_limiter = parts_limiter
         self.stats = stats
+        self.drained = drained if drained is not None else DrainStats()
+
+    async def _send(
+        self, progress: UploadProgress, nbytes: int, what: str, call: Callable[[], Awaitable[str]]
+    ) -> str:
+        """One part or single PUT, retried, timed and counted."""
+        t0 = trio.current_time()
+        result = await retrying(what, call, self.config.retry, self.stats)
+        self.drained.part_seconds.observe(trio.current_time() - t0)
+        self.drained.bytes += nbytes
+        progress.sent += nbytes
+        return result
 
     async def _retry(self, what: str, call):  # type: ignore[no-untyped-def]
         return await retrying(what, call, self.config.retry, self.stats)
 
-    async def upload(self, ino: Inode) -> None:
+    async def upload(self, ino: Inode, progress: UploadProgress | None = None) -> None:
         """Upload ``ino`` and mark it clean if it did not change meanwhile.
 
         Raises StoreError (the file stays dirty) or Changed. Cancellation keeps the journal's
         upload record, so the next attempt (or the next mount) resumes it."""
         gen, size = ino.generation, ino.size
         key = self.keys.key_of(ino.id)
+        if progress is None:
+            progress = UploadProgress(ino.id, key)
+        progress.size = size
         fd = self.table.cache.open(ino.id)
         try:
             record = self.journal.get_upload(ino.id)
@@ -142,24 +160,42 @@ class Uploader:
                 "mode": f"{ino.mode & 0o7777:o}",
             }
             if size <= self.config.multipart_threshold:
-                etag = await self._single(ino, fd, record, meta)
+                etag = await self._single(ino, fd, record, meta, progress)
             else:
-                etag = await self._multipart(ino, fd, record, meta)
+                etag = await self._multipart(ino, fd, record, meta, progress)
         finally:
             os.close(fd)
         self._finish(ino, record, etag)
+        self.drained.files += 1
 
-    async def _single(self, ino: Inode, fd: int, record: UploadRow, meta: dict[str, str]) -> str:
+    async def _single(
+        self,
+        ino: Inode,
+        fd: int,
+        record: UploadRow,
+        meta: dict[str, str],
+        progress: UploadProgress,
+    ) -> str:
         self._begin(ino, record)
         data = await trio.to_thread.run_sync(_read, fd, record.size, 0)
         if ino.generation != record.generation:
             raise Changed("written during the upload")
-        result: str = await self._retry(
-            f"upload {record.key}", lambda: self.store.put(record.key, data, meta)
+        result: str = await self._send(
+            progress,
+            len(data),
+            f"upload {record.key}",
+            lambda: self.store.put(record.key, data, meta),
         )
         return result
 
-    async def _multipart(self, ino: Inode, fd: int, record: UploadRow, meta: dict[str, str]) -> str:
+    async def _multipart(
+        self,
+        ino: Inode,
+        fd: int,
+        record: UploadRow,
+        meta: dict[str, str],
+        progress: UploadProgress,
+    ) -> str:
         done: dict[int, str] = {}
         if record.upload_id is not None:
             try:
@@ -192,7 +228,9 @@ class Uploader:
                 data = await trio.to_thread.run_sync(_read, fd, length, off)
                 if ino.generation != record.generation:
                     raise Changed("written during the upload")
-                etag: str = await self._retry(
+                etag: str = await self._send(
+                    progress,
+                    length,
                     f"part {number} of {record.key}",
                     lambda: self.store.upload_part(
                         record.key, record.upload_id or "", number, data
@@ -205,6 +243,9 @@ class Uploader:
             done[number] = etag
 
         skipped, t_parts = len(done), trio.current_time()
+        progress.sent = progress.resumed = sum(
+            min(record.part_size, record.size - (n - 1) * record.part_size) for n in done
+        )
         try:
             async with trio.open_nursery() as nursery:
                 for n in range(1, count + 1):  # in file order: the cache file is read in order

@@ -40,6 +40,7 @@ class OpenFiles:
         self._place_appends = not kernel_writeback_cache
         self._handles: dict[int, Handle] = {}
         self._next_fh = itertools.count(1)
+        self.written_bytes = 0  # accepted by write(), for the metrics
 
     def handle(self, fh: int) -> Handle:
         try:
@@ -103,6 +104,7 @@ class OpenFiles:
             if ino.unsynced_bytes >= self.cache.early_writeback > 0:
                 ino.unsynced_bytes = 0
                 start_writeback(ino.fd)
+        self.written_bytes += n
         if off + n > ino.size:
             ino.size = off + n
         ino.mtime_ns = ino.ctime_ns = time.time_ns()

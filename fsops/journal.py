@@ -451,6 +451,24 @@ class Journal:
         ).fetchall()
         return [(int(r[0]), str(r[1])) for r in rows]
 
+    def files_under(self, inode: int) -> list[tuple[InodeRow, str]]:
+        """Every regular file below a directory, with its path relative to it ("a/b")."""
+        cols = ", ".join(f"i.{c.strip()}" for c in _INODE_COLS.split(","))
+        rows = self.db.execute(
+            f"""
+            WITH RECURSIVE sub(id, rel) AS (
+                SELECT id, CAST(name AS TEXT) FROM inodes WHERE parent = ?
+                UNION ALL
+                SELECT i.id, sub.rel || '/' || CAST(i.name AS TEXT)
+                  FROM inodes i JOIN sub ON i.parent = sub.id
+            )
+            SELECT {cols}, sub.rel FROM sub JOIN inodes i ON i.id = sub.id
+             WHERE (i.mode & {stat.S_IFMT(0xFFFFFFFF)}) = {stat.S_IFREG}
+            """,
+            (inode,),
+        ).fetchall()
+        return [(_row(r[:-1]), str(r[-1])) for r in rows]
+
     def dirty_files(self) -> list[int]:
         rows = self.db.execute(
             f"SELECT id FROM inodes WHERE {_IS_REG} AND state IN (?, ?) AND parent IS NOT NULL",

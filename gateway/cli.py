@@ -5,6 +5,7 @@ Every error a user can cause ends as one line on stderr and a non-zero exit code
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import select
 import subprocess
@@ -12,14 +13,29 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from gateway import registry
+from gateway.client import (
+    Mount,
+    NotDurable,
+    NotRunning,
+    describe,
+    files,
+    mount_at,
+    mount_of,
+    mounts,
+    wait_until_durable,
+)
 from gateway.config import load_config
 from gateway.daemon import READY_FD_ENV
 from gateway.errors import UserError
 from gateway.mountpoint import FSTYPE, mounted_fstype, unmount
+from gateway.render import ProgressBar, size, status_text, use_colour
 
 MOUNT_TIMEOUT = 120.0
+EXIT_WAIT = 60.0  # after the unmount, how long the daemon may take to finish
+NOT_DURABLE_EXIT = 3  # flush --wait / wait timed out with data not in the store
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,9 +60,38 @@ def _parser() -> argparse.ArgumentParser:
         "--foreground", action="store_true", help="stay in front (for systemd and containers)"
     )
 
-    u = sub.add_parser("umount", help="unmount a gateway and wait for its daemon to finish")
+    u = sub.add_parser(
+        "umount", help="drain, then unmount a gateway and wait for its daemon to finish"
+    )
     u.add_argument("mountpoint")
-    u.add_argument("--timeout", type=float, default=60.0, metavar="S")
+    u.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how long to drain before giving up (default 60; 0: do not drain)",
+    )
+    u.add_argument(
+        "--force",
+        action="store_true",
+        help="unmount even if data is not in the store yet (it stays in the cache)",
+    )
+
+    s = sub.add_parser("status", help="what is only local, what is draining, what is durable")
+    s.add_argument("mountpoint", nargs="?", help="one mount (default: every mount)")
+    s.add_argument("--json", action="store_true", help="machine-readable (versioned schema)")
+    s.add_argument(
+        "--watch", nargs="?", type=float, const=1.0, metavar="S", help="refresh every S seconds"
+    )
+
+    f = sub.add_parser("flush", help="drain now (the given paths first)")
+    f.add_argument("paths", nargs="*", metavar="PATH")
+    f.add_argument("--wait", action="store_true", help="block until durable")
+    f.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S s")
+
+    w = sub.add_parser("wait", help="block until a file or directory is durable")
+    w.add_argument("path", metavar="PATH")
+    w.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
     return p
 
 
@@ -57,6 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_mount(args, list(argv if argv is not None else sys.argv[1:]))
         if args.command == "umount":
             return cmd_umount(args)
+        if args.command == "status":
+            return cmd_status(args)
+        if args.command == "flush":
+            return cmd_flush(args)
+        if args.command == "wait":
+            return cmd_wait(args)
     except UserError as e:
         print(f"ckptgw: {e}", file=sys.stderr)
         return e.code
@@ -123,22 +174,130 @@ def _start_in_background(argv: list[str], mountpoint: Path) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
+    """Drain (up to --timeout), then unmount. Data that is not in the store by then keeps the
+    mount up unless --force: it stays in the cache, and the next mount of it drains it."""
     mp = Path(os.path.abspath(args.mountpoint))
     entry = registry.find(mp)
     if mounted_fstype(mp) != FSTYPE:
         raise UserError(f"{mp} is not a ckptgw mount")
+    left: dict[str, Any] | None = None
+    if entry is not None:
+        mount = Mount(mp, entry)
+        try:
+            if args.timeout > 0:
+                left = wait_until_durable(mount, [], args.timeout, progress=ProgressBar())
+            else:
+                left = mount.request("pending", paths=[])
+        except NotDurable as e:
+            left = e.pending
+        except NotRunning:
+            left = None  # a daemon that died: its journal keeps the data for the next mount
+        if left is not None and left["count"] and not args.force:
+            raise UserError(
+                f"{mp}: {files(left['count'])} ({size(int(left['bytes']))}) not in the store "
+                f"yet; not unmounting (ckptgw status {mp} shows why; --force unmounts anyway "
+                "and keeps them in the cache for the next mount)"
+            )
     unmount(mp)
+    if left is not None and left["count"]:
+        print(
+            f"ckptgw: warning: {files(left['count'])} ({size(int(left['bytes']))}) "
+            f"stay in the cache at {entry.cache_dir if entry else '?'}; the next mount of it "
+            "drains them",
+            file=sys.stderr,
+        )
     if entry is None:
         return 0
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + EXIT_WAIT
     while registry.alive(entry.pid):
         if time.monotonic() > deadline:
             raise UserError(
                 f"{mp} is unmounted, but its daemon (pid {entry.pid}) is still finishing after "
-                f"{args.timeout:.0f} s"
+                f"{EXIT_WAIT:.0f} s"
             )
         time.sleep(0.05)
     return 0
+
+
+def _targets(mountpoint: str | None) -> list[Mount]:
+    if mountpoint is not None:
+        return [mount_at(mountpoint)]
+    found = mounts()
+    if not found:
+        raise NotRunning("no ckptgw gateway is running on this machine")
+    return found
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    while True:
+        targets = _targets(args.mountpoint)
+        reports = []
+        for m in targets:
+            try:
+                reports.append(m.request("status"))
+            except NotRunning:
+                if args.mountpoint is not None:
+                    raise
+        if args.json:
+            doc: object = reports[0] if args.mountpoint else {"version": 1, "mounts": reports}
+            text = json.dumps(doc, indent=2)
+        else:
+            colour = use_colour(sys.stdout)
+            text = "\n\n".join(status_text(r, colour) for r in reports) or "no gateway answers"
+        if args.watch is None:
+            print(text)
+            return 0
+        sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+        sys.stdout.flush()
+        time.sleep(max(0.1, args.watch))
+
+
+def _by_mount(paths: list[str]) -> dict[Path, tuple[Mount, list[str]]]:
+    out: dict[Path, tuple[Mount, list[str]]] = {}
+    for path in paths:
+        mount, p = mount_of(path)
+        if not os.path.lexists(p):  # through the mount: also finds files only in the store
+            raise UserError(f"{p}: no such file or directory")
+        out.setdefault(mount.mountpoint, (mount, []))[1].append(mount.relative(p))
+    return out
+
+
+def _wait_all(groups: list[tuple[Mount, list[str]]], timeout: float | None, wait: bool) -> int:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for mount, paths in groups:
+        if not wait:
+            mount.request("flush", paths=paths)
+            continue
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        bar = ProgressBar()
+        try:
+            wait_until_durable(mount, paths, left, progress=bar)
+        except NotDurable as e:
+            bar.close()
+            for f in e.pending["files"]:
+                why = f" ({f['error']})" if f.get("error") else ""
+                held = " [open for writing]" if f.get("open_for_writing") else ""
+                print(f"{f['state']:9} {size(f['size']):>10}  {f['path']}{held}{why}")
+            print(
+                f"ckptgw: not durable after {timeout:g} s: {describe(e.pending)}", file=sys.stderr
+            )
+            return NOT_DURABLE_EXIT
+        bar.close()
+    return 0
+
+
+def cmd_flush(args: argparse.Namespace) -> int:
+    if args.timeout is not None and not args.wait:
+        raise UserError("--timeout needs --wait")
+    if args.paths:
+        groups = list(_by_mount(args.paths).values())
+    else:
+        groups = [(m, []) for m in _targets(None)]
+    return _wait_all(groups, args.timeout, args.wait)
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    return _wait_all(list(_by_mount([args.path]).values()), args.timeout, True)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,18 @@ Example (every key optional)::
     multipart_threshold = "16MiB"
     permanent_retry = 60.0    # seconds between retries after a permanent error (403, 404)
 
+    [shutdown]
+    deadline = 60.0           # after SIGTERM: seconds to drain before exiting regardless
+
+    [preemption]
+    provider = "off"          # "aws" (spot), "gcp", "azure" or "off"
+    url = ""                  # the metadata endpoint; empty: the provider's own
+    interval = 5.0            # seconds between polls
+    command = ""              # run once (sh -c) when a notice arrives, e.g. to tell the trainer
+
+    [metrics]
+    listen = ""               # "127.0.0.1:9464" serves Prometheus metrics at /metrics; empty: off
+
     [log]
     level = "info"
 """
@@ -104,6 +116,12 @@ class Config:
     write_wait: float = 60.0
     fetch_chunk: int = 8 << 20
     fetch_parallel: int = 8
+    shutdown_deadline: float = 60.0
+    preemption_provider: str = "off"
+    preemption_url: str = ""
+    preemption_interval: float = 5.0
+    preemption_command: str = ""
+    metrics_listen: tuple[str, int] | None = None
 
 
 _KNOWN = {
@@ -120,6 +138,9 @@ _KNOWN = {
     },
     "mount": {"allow_other", "attr_timeout", "writeback_cache"},
     "log": {"level"},
+    "shutdown": {"deadline"},
+    "preemption": {"provider", "url", "interval", "command"},
+    "metrics": {"listen"},
     "drain": {
         "settle",
         "max_files",
@@ -160,6 +181,13 @@ def load_config(
 ) -> Config:
     data = _read_toml(Path(config_file)) if config_file else {}
     st, ca, mo, lg, dr = (data.get(k, {}) for k in ("store", "cache", "mount", "log", "drain"))
+    sd, pe, me = (data.get(k, {}) for k in ("shutdown", "preemption", "metrics"))
+    provider = str(pe.get("provider", "off")).lower()
+    if provider not in PREEMPTION_PROVIDERS:
+        raise UserError(
+            f"config: preemption.provider = {provider!r} is not one of "
+            + ", ".join(PREEMPTION_PROVIDERS)
+        )
     mp = Path(os.path.abspath(mountpoint))
 
     url = store or st.get("url") or f"file://{data_home() / 'store'}"
@@ -201,7 +229,29 @@ def load_config(
         write_wait=_number(ca, "write_wait", 60.0, float, section_name="cache"),
         fetch_chunk=_chunk(ca.get("fetch_chunk", 8 << 20)),
         fetch_parallel=int(_number(ca, "fetch_parallel", 8, int, minimum=1, section_name="cache")),
+        shutdown_deadline=_number(sd, "deadline", 60.0, float, section_name="shutdown"),
+        preemption_provider=provider,
+        preemption_url=str(pe.get("url", "")),
+        preemption_interval=_number(
+            pe, "interval", 5.0, float, minimum=0.05, section_name="preemption"
+        ),
+        preemption_command=str(pe.get("command", "")),
+        metrics_listen=_listen(me.get("listen", "")),
     )
+
+
+PREEMPTION_PROVIDERS = ("off", "aws", "gcp", "azure")
+
+
+def _listen(value: object) -> tuple[str, int] | None:
+    """ "HOST:PORT" (or ":PORT", all interfaces) for the metrics endpoint; empty: off."""
+    text = str(value).strip()
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"config: metrics.listen = {text!r} is not HOST:PORT (e.g. 127.0.0.1:9464)")
+    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def _chunk(value: object) -> int:

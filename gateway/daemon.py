@@ -3,6 +3,13 @@
 ``ckptgw mount`` without ``--foreground`` starts this same code in a new session and waits on
 a pipe (``CKPTGW_READY_FD``) for one line: ``ok`` once the mount is ready, or ``error: ...``.
 In front, readiness also goes to systemd (``NOTIFY_SOCKET``) when there is one.
+
+One nursery holds the FUSE loop, the drain, read-through, the control socket, and optionally
+the metrics endpoint and the preemption watcher. SIGTERM (or SIGINT) does not stop the
+gateway at once: it keeps serving (the trainer may be writing its emergency checkpoint),
+drains everything newest first, and exits once nothing is dirty or at ``shutdown.deadline``,
+logging every file that is not in the store. A second signal stops it at once. Whatever is
+left stays in the journal and drains at the next mount of the same cache.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pyfuse3
 import trio
@@ -30,9 +39,13 @@ from fsops.filesystem import Filesystem, FsOptions
 from fsops.journal import JournalError
 from gateway import registry
 from gateway.cachedir import CacheDirLock
+from gateway.client import files
 from gateway.config import Config
+from gateway.control import ControlServer, RequestError, socket_path
 from gateway.errors import UserError
 from gateway.mountpoint import prepare_mountpoint
+from gateway.preemption import PreemptionWatcher, WatchConfig
+from gateway.status import PathError, Reporter
 
 log = logging.getLogger("ckptgw")
 
@@ -156,12 +169,15 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
             pyfuse3.init(fs.operations, str(cfg.mountpoint), mount_options(cfg))
         except RuntimeError as e:
             raise UserError(f"cannot mount on {cfg.mountpoint}: {e}") from None
+        control = socket_path(cfg.cache_dir, cfg.mountpoint)
         registry.register(
-            registry.Entry(str(cfg.mountpoint), str(cfg.cache_dir), str(cfg.store), os.getpid())
+            registry.Entry(
+                str(cfg.mountpoint), str(cfg.cache_dir), str(cfg.store), os.getpid(), str(control)
+            )
         )
         signalled = False
         try:
-            signalled = trio.run(_serve, fs, cfg, ready)
+            signalled = trio.run(_serve, fs, cfg, ready, control)
         finally:
             # After a signal we unmount ourselves; after `fusermount3 -u` the kernel already did.
             pyfuse3.close(unmount=signalled)
@@ -205,7 +221,7 @@ async def _read_through(
     cfg: Config,
     stats: RetryStats,
     *,
-    task_status: trio.TaskStatus[ReadThrough] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[Fetcher] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve files that are only in the store: listings merged into the namespace, fetches."""
     listings = Listings(
@@ -221,31 +237,128 @@ async def _read_through(
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(fetcher.run)
-        task_status.started(ReadThrough(listings, fetcher))
+        fs.operations.remote = ReadThrough(listings, fetcher)
+        task_status.started(fetcher)
 
 
-async def _serve(fs: Filesystem, cfg: Config, ready: Readiness) -> bool:
+def _paths(request: dict[str, Any]) -> list[str]:
+    paths = request.get("paths", [])
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise RequestError("paths must be a list of strings")
+    return paths
+
+
+def control_handlers(reporter: Reporter) -> dict[str, Any]:
+    def guarded(call: Any) -> Any:
+        def handler(request: dict[str, Any]) -> dict[str, Any]:
+            try:
+                result: dict[str, Any] = call(request)
+            except PathError as e:
+                raise RequestError(str(e)) from None
+            return result
+
+        return handler
+
+    return {
+        "status": guarded(lambda r: reporter.status()),
+        "pending": guarded(lambda r: reporter.pending(_paths(r))),
+        "flush": guarded(lambda r: reporter.flush(_paths(r))),
+    }
+
+
+def log_not_durable(reporter: Reporter, cache_dir: Path) -> None:
+    """Say exactly what is not in the store as the gateway stops."""
+    left = reporter.pending([])
+    if not left["count"]:
+        log.info("everything is in the store")
+        return
+    for f in left["files"][:1000]:
+        log.warning("not durable: %s (%d bytes, %s)", f["path"], f["size"], f["state"])
+    if left["count"] > 1000:
+        log.warning("not durable: ... and %d more files", left["count"] - 1000)
+    log.warning(
+        "%s (%d bytes) not in the store; they stay in %s and drain at the next mount",
+        files(left["count"]),
+        left["bytes"],
+        cache_dir,
+    )
+
+
+async def _drain_then_stop(engine: DrainEngine, reporter: Reporter, cfg: Config, why: str) -> None:
+    lc = reporter.lifecycle
+    lc.mode, lc.reason = "stopping", f"{why}: draining before exit"
+    lc.deadline = time.time() + cfg.shutdown_deadline
+    engine.start_emergency(why)
+    log.info("%s: draining for up to %g s, then stopping", why, cfg.shutdown_deadline)
+    with trio.move_on_after(cfg.shutdown_deadline):
+        while not engine.is_idle():
+            await trio.sleep(0.1)
+    log_not_durable(reporter, cfg.cache_dir)
+    pyfuse3.terminate()
+
+
+async def _serve(fs: Filesystem, cfg: Config, ready: Readiness, control: Path) -> bool:
     """Run the FUSE loop and the drain; returns True if a signal ended it."""
     signalled = False
 
-    async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        nonlocal signalled
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            task_status.started()
-            async for signum in signals:
-                log.info("received %s: unmounting", signal.Signals(signum).name)
-                signalled = True
-                pyfuse3.terminate()
-                return
-
     async with open_store(cfg.store, cfg.endpoint_url) as store, trio.open_nursery() as nursery:
+
+        async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            nonlocal signalled
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                task_status.started()
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if signalled:
+                        log.warning("received %s again: stopping now", name)
+                        log_not_durable(reporter, cfg.cache_dir)
+                        pyfuse3.terminate()
+                        return
+                    signalled = True
+                    nursery.start_soon(_drain_then_stop, engine, reporter, cfg, f"received {name}")
+
         await nursery.start(on_signals)
         warning = await check_store(store)
         engine = DrainEngine(fs, store, drain_config(cfg))
         await nursery.start(engine.run)
-        fs.operations.remote = await nursery.start(_read_through, fs, store, cfg, engine.stats)
+        fetcher = await nursery.start(_read_through, fs, store, cfg, engine.stats)
+        reporter = Reporter(cfg.mountpoint, str(cfg.store), fs, engine, fetcher.stats)
+        await nursery.start(ControlServer(control, control_handlers(reporter)).run)
+        if cfg.metrics_listen is not None:
+            from gateway.metrics import MetricsServer
+
+            await nursery.start(MetricsServer(reporter, *cfg.metrics_listen).run)
+        if cfg.preemption_provider != "off":
+            await nursery.start(_watch_preemption, engine, reporter, cfg)
         ready.ok(warning)
         log.info("mounted")
         await pyfuse3.main()
         nursery.cancel_scope.cancel()  # uploads in progress keep their records and resume
     return signalled
+
+
+async def _watch_preemption(
+    engine: DrainEngine,
+    reporter: Reporter,
+    cfg: Config,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    def on_notice(notice: str) -> None:
+        lc = reporter.lifecycle
+        if lc.mode == "serving":
+            lc.mode, lc.reason = "emergency-drain", f"preemption notice: {notice}"
+        engine.start_emergency(f"preemption notice: {notice}")
+
+    watcher = PreemptionWatcher(
+        WatchConfig(
+            cfg.preemption_provider,
+            cfg.preemption_url,
+            cfg.preemption_interval,
+            cfg.preemption_command,
+        ),
+        on_notice,
+        {"CKPTGW_MOUNTPOINT": str(cfg.mountpoint)},
+    )
+    reporter.lifecycle.preemption = watcher.view
+    await watcher.run(task_status=task_status)

@@ -7,6 +7,7 @@ can, else lazily, and kills a daemon that does not exit.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from gateway import registry
 from gateway.mountpoint import mounted_fstype
@@ -83,6 +84,11 @@ class Gateway:
         self.pid = entry.pid
         return self
 
+    def status(self) -> dict[str, Any]:
+        """``ckptgw status --json`` of this gateway."""
+        doc: dict[str, Any] = json.loads(self.cli("status", str(self.mountpoint), "--json").stdout)
+        return doc
+
     def _entry(self) -> registry.Entry | None:
         old = os.environ.get("CKPTGW_RUNTIME_DIR")
         try:
@@ -102,11 +108,13 @@ class Gateway:
             self._wait_gone(self.pid, 10)
             self.pid = None
 
-    def stop(self, timeout: float = 60) -> None:
-        """Unmount and wait for the daemon; whatever fails, leave nothing behind."""
+    def stop(self, timeout: float = 60, *, drain: bool = False) -> None:
+        """Unmount (at once, or after draining when ``drain``) and wait for the daemon; whatever
+        fails, leave nothing behind. Data not drained stays in the cache for the next mount."""
         try:
             if mounted_fstype(self.mountpoint.resolve()) is not None:
-                self.cli("umount", str(self.mountpoint), "--timeout", str(timeout))
+                wait = str(timeout) if drain else "0"
+                self.cli("umount", str(self.mountpoint), "--force", "--timeout", wait)
         finally:
             if mounted_fstype(self.mountpoint.resolve()) is not None:
                 subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], check=False)

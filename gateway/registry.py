@@ -30,6 +30,7 @@ class Entry:
     cache_dir: str
     store: str
     pid: int
+    control: str = ""  # the control socket's path
 
 
 def _file(mountpoint: Path) -> Path:

@@ -6,6 +6,7 @@ Two gateways with separate cache dirs on one store stand in for two nodes."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ def write_toml(path: Path, sections: dict[str, dict[str, object]]) -> Path:
     for section, body in sections.items():
         lines.append(f"[{section}]")
         for k, v in body.items():
-            lines.append(f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {v!r}")
+            lines.append(f"{k} = {json.dumps(v)}" if isinstance(v, str) else f"{k} = {v!r}")
     path.write_text("\n".join(lines) + "\n")
     return path
 

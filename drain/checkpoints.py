@@ -1,0 +1,100 @@
+"""Checkpoints: which files belong together, and whether the set would survive losing the node.
+
+A checkpoint is the deepest path component that looks like one of the common trainers' names
+(``step_N``, ``global_stepN``, ``iter_0000100``, ``checkpoint-N``, ``epoch_N``, ``ckpt_N.pt``):
+a directory with everything below it, or a single file. Files under no such name are grouped
+by their directory, so a status view stays one line per directory however many files there are.
+
+Per file: ``local`` (only in this node's cache), ``draining`` (an upload or a move of it is
+under way) or ``durable`` (the store has this content under this path). Per checkpoint:
+``durable`` when every file is, ``local-only`` when none is and nothing is being sent, else
+``draining``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+DEFAULT_PATTERNS = (
+    r"global_step(\d+)",
+    r"step[_-]?(\d+)",
+    r"iter_(\d+)",
+    r"checkpoint[_-](\d+)",
+    r"epoch[_-]?(\d+)",
+    r"ckpt[_-]?(\d+)",
+)
+_SUFFIX = r"(?:\.[A-Za-z0-9]+)*"  # ckpt_5.pt, step_10.safetensors
+
+LOCAL, DRAINING, DURABLE = "local", "draining", "durable"
+LOCAL_ONLY = "local-only"
+
+
+@dataclass(frozen=True)
+class FileView:
+    path: str  # relative to the mount's root
+    size: int
+    state: str  # LOCAL, DRAINING or DURABLE
+    mtime: float
+
+
+@dataclass
+class CheckpointView:
+    path: str  # relative to the mount's root; "" for files directly in it
+    step: int | None  # None: not a checkpoint, the files of one directory
+    files: list[FileView] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def local_bytes(self) -> int:
+        """Bytes not yet durable."""
+        return sum(f.size for f in self.files if f.state != DURABLE)
+
+    @property
+    def mtime(self) -> float:
+        return max((f.mtime for f in self.files), default=0.0)
+
+    @property
+    def state(self) -> str:
+        states = {f.state for f in self.files}
+        if states <= {DURABLE}:
+            return DURABLE
+        if states == {LOCAL}:
+            return LOCAL_ONLY
+        return DRAINING
+
+
+class Recognizer:
+    def __init__(self, patterns: Sequence[str] = DEFAULT_PATTERNS) -> None:
+        self._patterns = [re.compile(p + _SUFFIX) for p in patterns]
+
+    def step(self, component: str) -> int | None:
+        for p in self._patterns:
+            m = p.fullmatch(component)
+            if m:
+                return int(m.group(1))
+        return None
+
+    def locate(self, path: str) -> tuple[str, int | None]:
+        """(checkpoint path, step) for a file, or (its directory, None) outside checkpoints."""
+        parts = path.split("/")
+        for depth in range(len(parts), 0, -1):
+            step = self.step(parts[depth - 1])
+            if step is not None:
+                return "/".join(parts[:depth]), step
+        return "/".join(parts[:-1]), None
+
+    def group(self, files: Iterable[FileView]) -> list[CheckpointView]:
+        """Checkpoints, newest first (by their latest write, then by step)."""
+        out: dict[str, CheckpointView] = {}
+        for f in files:
+            path, step = self.locate(f.path)
+            view = out.get(path)
+            if view is None:
+                view = out[path] = CheckpointView(path, step)
+            view.files.append(f)
+        return sorted(out.values(), key=lambda c: (c.mtime, c.step or 0), reverse=True)

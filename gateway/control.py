@@ -1,0 +1,123 @@
+"""The control socket: how ``ckptgw status``, ``flush``, ``wait`` and ``umount`` talk to a daemon.
+
+A Unix stream socket, mode 0600, in the cache directory (or in the runtime directory when that
+path is too long for a socket address). One request per connection, one JSON object per line
+each way::
+
+    -> {"version": 1, "op": "status"}
+    <- {"version": 1, "ok": true, "result": {...}}
+    <- {"version": 1, "ok": false, "error": "one line"}
+
+Operations: ``status``; ``pending`` and ``flush`` with ``paths`` (relative to the mount's
+root; none means all of it). A request with a newer ``version`` than the daemon's is refused
+with an error that says so, so old daemons and new clients fail clearly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from gateway import registry
+
+log = logging.getLogger(__name__)
+
+PROTOCOL_VERSION = 1
+MAX_REQUEST = 1 << 20
+REQUEST_TIMEOUT = 10.0
+_SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class RequestError(Exception):
+    """A request the daemon refuses; its message goes back to the client as is."""
+
+
+def socket_path(cache_dir: Path, mountpoint: Path) -> Path:
+    path = cache_dir / "control.sock"
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        return path
+    digest = hashlib.sha1(str(mountpoint).encode()).hexdigest()[:16]
+    return registry.runtime_dir() / f"{digest}.sock"
+
+
+class ControlServer:
+    def __init__(self, path: Path, handlers: dict[str, Handler]) -> None:
+        self.path = path
+        self.handlers = handlers
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # left by a daemon that died; the cache dir lock says it is ours
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            await sock.bind(str(self.path))
+            os.chmod(self.path, 0o600)
+            sock.listen(32)
+        except BaseException:
+            sock.close()
+            raise
+        listener = trio.SocketListener(sock)
+        try:
+            task_status.started()
+            await trio.serve_listeners(self._serve, [listener])
+        finally:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            try:
+                with trio.fail_after(REQUEST_TIMEOUT):
+                    line = await _read_line(stream)
+                reply = self._answer(line)
+            except RequestError as e:
+                reply = {"version": PROTOCOL_VERSION, "ok": False, "error": str(e)}
+            except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(json.dumps(reply).encode() + b"\n")
+
+    def _answer(self, line: bytes) -> dict[str, Any]:
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise RequestError("a request is a JSON object")
+            version = request.get("version")
+            if not isinstance(version, int) or version > PROTOCOL_VERSION:
+                raise RequestError(
+                    f"protocol version {version!r} is not supported (the daemon speaks "
+                    f"{PROTOCOL_VERSION}); restart the gateway with this version of ckptgw"
+                )
+            handler = self.handlers.get(str(request.get("op")))
+            if handler is None:
+                raise RequestError(f"unknown operation {request.get('op')!r}")
+            return {"version": PROTOCOL_VERSION, "ok": True, "result": handler(request)}
+        except (ValueError, RequestError) as e:
+            return {"version": PROTOCOL_VERSION, "ok": False, "error": str(e)}
+        except Exception as e:
+            log.exception("control request failed")
+            return {"version": PROTOCOL_VERSION, "ok": False, "error": f"internal error: {e!r}"}
+
+
+async def _read_line(stream: trio.SocketStream) -> bytes:
+    buf = bytearray()
+    while b"\n" not in buf:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > MAX_REQUEST:
+            raise RequestError("request too large")
+    return bytes(buf.split(b"\n", 1)[0])

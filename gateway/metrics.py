@@ -1,0 +1,147 @@
+"""The optional Prometheus endpoint (``[metrics] listen``).
+
+Served from the daemon's own trio loop, so a scrape reads the drain's counters on the thread
+that writes them: no locks, no copies. Every metric carries the ``mountpoint`` label, so
+several gateways on one node can be told apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from gateway.status import Reporter
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class GatewayCollector(Collector):
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.reporter
+        st = r.status()
+        labels = ["mountpoint"]
+        mp = [str(r.mountpoint)]
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            m = CounterMetricFamily(f"ckptgw_{name}", doc, labels=labels)
+            m.add_metric(mp, value)
+            return m
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            m = GaugeMetricFamily(f"ckptgw_{name}", doc, labels=labels)
+            m.add_metric(mp, value)
+            return m
+
+        cache: dict[str, Any] = st["cache"]
+        yield counter(
+            "written_bytes", "Bytes accepted by write() on the mount", st["written_bytes"]
+        )
+        yield counter("drained_bytes", "Bytes sent to the store", st["drained"]["bytes"])
+        yield counter("drained_files", "Uploads completed", st["drained"]["files"])
+        yield gauge("dirty_bytes", "Bytes only in this node's cache", st["dirty_bytes"])
+        yield gauge("queue_files", "Dirty files ready to drain", st["queue"]["files"])
+        yield gauge("queue_bytes", "Bytes of dirty files ready to drain", st["queue"]["bytes"])
+        yield gauge(
+            "oldest_dirty_age_seconds",
+            "How long the oldest dirty file has waited",
+            st["queue"]["oldest_dirty_age"] or 0.0,
+        )
+        yield gauge("uploads_in_progress", "Uploads under way", len(st["uploads"]))
+        yield counter("store_retries", "Store calls retried", st["retries"])
+        errors = CounterMetricFamily(
+            "ckptgw_store_errors", "Failed store calls by kind", labels=[*labels, "kind"]
+        )
+        for kind, n in sorted(st["errors"].items()):
+            errors.add_metric([*mp, kind], n)
+        yield errors
+        hist = r.engine.drained.part_seconds
+        h = HistogramMetricFamily(
+            "ckptgw_upload_part_seconds", "Time per uploaded part or single PUT", labels=labels
+        )
+        h.add_metric(
+            mp,
+            [("+Inf" if b == float("inf") else repr(b), n) for b, n in hist.cumulative()],
+            hist.total,
+        )
+        yield h
+        yield gauge("cache_used_bytes", "Bytes the cache files hold", cache["used"])
+        if cache["limit"] is not None:
+            yield gauge("cache_limit_bytes", "cache.size", cache["limit"])
+        yield gauge("cache_free_bytes", "Room for new data", cache["free"])
+        yield counter("evictions", "Clean files evicted from the cache", cache["evictions"])
+        yield counter("evicted_bytes", "Bytes evicted from the cache", cache["evicted_bytes"])
+        yield counter("write_waits", "Writes that waited for the drain", cache["write_waits"])
+        yield counter("enospc", "Writes refused for lack of room", cache["enospc"])
+        yield counter("fetched_bytes", "Bytes read through from the store", st["fetched"]["bytes"])
+        yield gauge(
+            "emergency_drain",
+            "1 while draining for shutdown or preemption",
+            st["mode"] != "serving",
+        )
+
+
+class MetricsServer:
+    def __init__(self, reporter: Reporter, host: str, port: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(GatewayCollector(reporter))
+        self.host, self.port = host, port
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            listeners = await trio.open_tcp_listeners(self.port, host=self.host)
+        except OSError as e:
+            log.error("cannot serve metrics on %s:%d: %s", self.host, self.port, e.strerror)
+            task_status.started()
+            return
+        log.info("serving metrics on http://%s:%d/metrics", self.host, self.port)
+        task_status.started()
+        await trio.serve_listeners(self._serve, listeners)
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        async with stream:
+            head = bytearray()
+            with trio.move_on_after(10), contextlib.suppress(trio.BrokenResourceError):
+                while b"\r\n\r\n" not in head and len(head) < 16384:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        break
+                    head += chunk
+            parts = bytes(head).split(b" ", 2)
+            if (
+                len(parts) >= 2
+                and parts[0] in (b"GET", b"HEAD")
+                and parts[1].split(b"?")[0]
+                in (
+                    b"/metrics",
+                    b"/",
+                )
+            ):
+                body = generate_latest(self.registry)
+                status, ctype = "200 OK", CONTENT_TYPE
+                if parts[0] == b"HEAD":
+                    body = b""
+            else:
+                body, status, ctype = b"not found\n", "404 Not Found", "text/plain"
+            reply = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            ).encode() + body
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(reply)
