@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from bench.save_stall import save_atomic
+from gateway.client import wait_durable
 from gateway.harness import Gateway, exit_on_sigterm
 
 
@@ -75,11 +76,10 @@ def main() -> None:
                 )
         reference = {k: v.clone() for k, v in model.state_dict().items()}
         store = work / "store" / "run1"
-        deadline = time.monotonic() + 60
-        while len(list(store.glob("step_*/ckpt.pt"))) < 3 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_durable(run, timeout=120)  # what training code calls before it trusts a checkpoint
         durable = sorted(p.parent.name for p in store.glob("step_*/ckpt.pt"))
         say(f"drained to the store ({gw.store}): {durable}")
+        print(gw.cli("status", str(gw.mountpoint)).stdout, flush=True)
 
         say("killing the gateway daemon with SIGKILL, as a crash would")
         gw.kill()

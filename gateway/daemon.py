@@ -300,6 +300,8 @@ async def _drain_then_stop(engine: DrainEngine, reporter: Reporter, cfg: Config,
 async def _serve(fs: Filesystem, cfg: Config, ready: Readiness, control: Path) -> bool:
     """Run the FUSE loop and the drain; returns True if a signal ended it."""
     signalled = False
+    engine: DrainEngine | None = None
+    reporter: Reporter | None = None
 
     async with open_store(cfg.store, cfg.endpoint_url) as store, trio.open_nursery() as nursery:
 
@@ -309,6 +311,11 @@ async def _serve(fs: Filesystem, cfg: Config, ready: Readiness, control: Path) -
                 task_status.started()
                 async for signum in signals:
                     name = signal.Signals(signum).name
+                    if engine is None or reporter is None:  # still starting: nothing to drain
+                        log.info("received %s while starting: stopping", name)
+                        signalled = True
+                        pyfuse3.terminate()
+                        return
                     if signalled:
                         log.warning("received %s again: stopping now", name)
                         log_not_durable(reporter, cfg.cache_dir)

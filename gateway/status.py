@@ -120,7 +120,7 @@ class Reporter:
         if not paths:
             self.engine.flush()
         else:
-            inodes = [row.id for p in paths for row, view in self.files(p) if view.state == LOCAL]
+            inodes = [row.id for p in paths for row, v in self.files(p) if v.state != DURABLE]
             self.engine.flush(inodes)
         return self.pending(paths)
 

@@ -33,9 +33,14 @@ def wait_for(what: str, predicate: Callable[[], bool], timeout: float = 60) -> N
 def file_store_objects(root: Path) -> dict[str, bytes]:
     """Objects of a file store: every file below its root but the gateway's own staging."""
     out = {}
-    for p in root.rglob("*"):
-        rel = p.relative_to(root).as_posix()
-        if p.is_file() and not rel.startswith(".ckptgw-"):
+    # os.walk, not rglob: the store removes emptied directories while we walk (a move of a
+    # directory's objects), and os.walk skips a directory that vanished instead of raising.
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            p = Path(dirpath) / name
+            rel = p.relative_to(root).as_posix()
+            if rel.startswith(".ckptgw-"):
+                continue
             try:
                 out[rel] = p.read_bytes()
             except FileNotFoundError:
