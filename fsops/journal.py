@@ -526,6 +526,9 @@ class Journal:
     def done_store_op(self, op_id: int) -> None:
         self.db.execute("DELETE FROM store_ops WHERE id = ?", (op_id,))
 
+    def count_store_ops(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM store_ops").fetchone()[0])
+
     def pending_keys(self) -> set[str]:
         """Keys that a pending store operation reads or writes."""
         rows = self.db.execute("SELECT src, dst FROM store_ops").fetchall()

@@ -85,7 +85,7 @@ class Reporter:
                 for r, rel in self.fs.journal.files_under(inode)
             ]
         running = {p.inode for p in self.engine.running()}
-        moving = {op.dst for op in self.fs.journal.store_ops() if op.dst}
+        moving = self.fs.journal.pending_keys()  # a move to a file's key: not there yet
         out = []
         for r, rel in found:
             r = self._current(r)
@@ -188,7 +188,7 @@ class Reporter:
                 "bytes": sum(r.size for r, _ in queued),
                 "oldest_dirty_age": round(now - min(since), 3) if since else None,
                 "open_for_writing": len(dirty) - len(queued),
-                "store_ops": len(self.fs.journal.store_ops()),
+                "store_ops": self.fs.journal.count_store_ops(),
             },
             "uploads": uploads,
             "drained": {"bytes": self.engine.drained.bytes, "files": self.engine.drained.files},
