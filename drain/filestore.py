@@ -27,6 +27,8 @@ from drain.storeurl import StoreURL
 
 T = TypeVar("T")
 _INTERNAL = ".ckptgw-"
+_PRIVATE = {f"{_INTERNAL}tmp", f"{_INTERNAL}uploads"}  # the store's own; not keys
+_TAGS = "user.ckptgw.tags"
 _XATTR = "user.ckptgw"
 
 
@@ -75,7 +77,7 @@ class FileStore(Store):
             not key
             or key.startswith("/")
             or any(p in ("", ".", "..") for p in parts)
-            or (parts[0].startswith(_INTERNAL))
+            or parts[0] in _PRIVATE
         ):
             raise StoreError(f"bad key {key!r} for a file store", temporary=False, code="BadKey")
         return self.root.joinpath(*parts)
@@ -167,6 +169,23 @@ class FileStore(Store):
 
         await self._run(f"DELETE {key}", go)
 
+    async def put_tags(self, key: str, tags: dict[str, str]) -> None:
+        path = self._path(key)
+        await self._run(f"TAG {key}", lambda: os.setxattr(path, _TAGS, json.dumps(tags).encode()))
+
+    async def get_tags(self, key: str) -> dict[str, str]:
+        path = self._path(key)
+
+        def go() -> dict[str, str]:
+            try:
+                return dict(json.loads(os.getxattr(path, _TAGS)))
+            except OSError as e:
+                if e.errno == errno.ENODATA:
+                    return {}
+                raise
+
+        return await self._run(f"TAGS {key}", go)
+
     async def copy(self, src: str, dst: str) -> str:
         s, d = self._path(src), self._path(dst)
 
@@ -190,7 +209,7 @@ class FileStore(Store):
             for dirpath, dirnames, filenames in os.walk(self.root):
                 rel = os.path.relpath(dirpath, self.root)
                 if rel == ".":
-                    dirnames[:] = [d for d in dirnames if not d.startswith(_INTERNAL)]
+                    dirnames[:] = [d for d in dirnames if d not in _PRIVATE]
                     rel = ""
                 for name in filenames:
                     key = f"{rel}/{name}" if rel else name

@@ -33,7 +33,7 @@ from drain.retry import RetryPolicy, RetryStats, retrying
 from drain.store import Listing, ObjectInfo, Store, StoreError
 from fsops.inodes import Inode, InodeTable
 from fsops.journal import ROOT_INODE, InodeRow, State
-from fsops.names import KeyRules
+from fsops.names import RESERVED, KeyRules
 from fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
@@ -115,14 +115,15 @@ class Listings:
         seen: set[bytes] = set()
         freed: list[int] = []
         with self.journal.transaction():
+            root = d.id == ROOT_INODE
             for o in listing.objects:
                 name = self._name(o.key[len(prefix) :])
-                if name is not None:
+                if name is not None and not (root and name.startswith(RESERVED)):
                     seen.add(name)
                     freed += self._file(d, name, o, pending)
             for p in listing.dirs:
                 name = self._name(p[len(prefix) : -1])
-                if name is not None:
+                if name is not None and not (root and name.startswith(RESERVED)):
                     seen.add(name)
                     self._dir(d, name)
             after = 0

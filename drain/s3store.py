@@ -329,6 +329,52 @@ class S3Store(Store):
     async def delete(self, key: str) -> None:
         await self._call(f"DELETE {key}", "delete_object", Key=key)
 
+    async def delete_many(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            batch = keys[i : i + 1000]
+            what = f"DELETE {len(batch)} objects from {batch[0]}"
+            r = await self._call(
+                what,
+                "delete_objects",
+                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+            )
+            errors = [e for e in r.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            if errors:
+                e = errors[0]
+                code = str(e.get("Code", ""))
+                raise StoreError(
+                    f"{what}: {len(errors)} failed, e.g. {e.get('Key')}: {code}",
+                    temporary=code in _TEMPORARY_CODES or code == "InternalError",
+                    code=code,
+                )
+
+    async def put_tags(self, key: str, tags: dict[str, str]) -> None:
+        tagset = [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
+        await self._call(f"TAG {key}", "put_object_tagging", Key=key, Tagging={"TagSet": tagset})
+
+    async def get_tags(self, key: str) -> dict[str, str]:
+        r = await self._call(f"TAGS {key}", "get_object_tagging", Key=key)
+        return {t["Key"]: t["Value"] for t in r.get("TagSet", [])}
+
+    async def get_lifecycle(self) -> list[dict[str, Any]]:
+        try:
+            r = await self._call("GET lifecycle", "get_bucket_lifecycle_configuration")
+        except StoreError as e:
+            if e.code == "NoSuchLifecycleConfiguration":
+                return []
+            raise
+        return list(r.get("Rules", []))
+
+    async def put_lifecycle(self, rules: list[dict[str, Any]]) -> None:
+        if not rules:
+            await self._call("DELETE lifecycle", "delete_bucket_lifecycle")
+            return
+        await self._call(
+            "PUT lifecycle",
+            "put_bucket_lifecycle_configuration",
+            LifecycleConfiguration={"Rules": rules},
+        )
+
     async def copy(self, src: str, dst: str) -> str:
         info = await self.head(src)
         if info is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 MIN_PART = 5 << 20  # S3: every part but the last
 MAX_PART = 5 << 30
@@ -110,6 +111,25 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def list_dir(self, prefix: str) -> Listing:
         """One level under ``prefix`` (S3's delimiter "/" listing), every page of it."""
+
+    async def delete_many(self, keys: list[str]) -> None:
+        """Remove objects (missing ones are not an error); S3 batches 1,000 per request."""
+        for key in keys:
+            await self.delete(key)
+
+    @abc.abstractmethod
+    async def put_tags(self, key: str, tags: dict[str, str]) -> None:
+        """Replace an object's tags (S3 object tagging)."""
+
+    @abc.abstractmethod
+    async def get_tags(self, key: str) -> dict[str, str]: ...
+
+    async def get_lifecycle(self) -> list[dict[str, Any]]:
+        """The bucket's lifecycle rules (S3's JSON shape); [] when there are none."""
+        raise StoreError(f"{self.url}: lifecycle rules need an S3 store", temporary=False)
+
+    async def put_lifecycle(self, rules: list[dict[str, Any]]) -> None:
+        raise StoreError(f"{self.url}: lifecycle rules need an S3 store", temporary=False)
 
     # -- multipart -------------------------------------------------------------------------------
 

@@ -3,6 +3,8 @@
 A path in the mount becomes the object key ``prefix + path``. S3 keys are UTF-8 and at most
 1,024 bytes, so a name that is not UTF-8, or a path whose key would be longer, is refused when
 it is created (create, mkdir, symlink, mknod, rename) instead of failing later in the drain.
+Names starting with ``.ckptgw-`` at the root are the gateway's (``.ckptgw-pins/``) and get
+``EPERM``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from fsops.inodes import fs_error
 
 NAME_MAX = 255
 KEY_MAX = 1024
+RESERVED = b".ckptgw-"  # at the mount's root: the gateway's own keys (pins), never files
 
 
 class KeyRules:
@@ -28,7 +31,10 @@ class KeyRules:
             raise fs_error(errno.EILSEQ) from None
 
     def check_key(self, parent_components: list[bytes], name: bytes, subtree: int = 0) -> None:
-        """Refuse ``parent/name`` (plus ``subtree`` bytes of descendants) if its key is too long."""
+        """Refuse ``parent/name`` (plus ``subtree`` bytes of descendants) if its key is too long,
+        and the reserved names at the root."""
+        if not parent_components and name.startswith(RESERVED):
+            raise fs_error(errno.EPERM)
         path_len = sum(len(c) + 1 for c in parent_components) + len(name) + subtree
         if self.prefix_len + path_len > KEY_MAX:
             raise fs_error(errno.ENAMETOOLONG)

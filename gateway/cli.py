@@ -31,7 +31,7 @@ from gateway.config import load_config
 from gateway.daemon import READY_FD_ENV
 from gateway.errors import UserError
 from gateway.mountpoint import FSTYPE, mounted_fstype, unmount
-from gateway.render import ProgressBar, size, status_text, use_colour
+from gateway.render import ProgressBar, plan_text, size, status_text, use_colour
 
 MOUNT_TIMEOUT = 120.0
 EXIT_WAIT = 60.0  # after the unmount, how long the daemon may take to finish
@@ -92,6 +92,25 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("wait", help="block until a file or directory is durable")
     w.add_argument("path", metavar="PATH")
     w.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
+
+    for name, what in (("pin", "keep a checkpoint whatever retention says"), ("unpin", "undo pin")):
+        pp = sub.add_parser(name, help=f"{what} (stored in the bucket: every node agrees)")
+        pp.add_argument("path", metavar="PATH", help="a checkpoint on a mount")
+
+    lc = sub.add_parser("lifecycle", help="retention: plan, apply, and the bucket's rules")
+    lsub = lc.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for name, what in (
+        ("plan", "what retention would keep, delete or transition, and why"),
+        ("apply", "carry out the plan: delete in the bucket and the caches, tag milestones"),
+    ):
+        la = lsub.add_parser(name, help=what)
+        la.add_argument("mountpoint", nargs="?", help="default: the only running gateway")
+        la.add_argument("--run", metavar="PREFIX", help="only this run")
+        la.add_argument("--json", action="store_true")
+    lr = lsub.add_parser("rules", help="the bucket's lifecycle rules with ours merged in")
+    lr.add_argument("mountpoint", nargs="?", help="default: the only running gateway")
+    lr.add_argument("--apply", action="store_true", help="put the merged rules on the bucket")
+    lr.add_argument("--json", action="store_true")
     return p
 
 
@@ -108,6 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_flush(args)
         if args.command == "wait":
             return cmd_wait(args)
+        if args.command in ("pin", "unpin"):
+            return cmd_pin(args)
+        if args.command == "lifecycle":
+            return cmd_lifecycle(args)
     except UserError as e:
         print(f"ckptgw: {e}", file=sys.stderr)
         return e.code
@@ -298,6 +321,47 @@ def cmd_flush(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     return _wait_all(list(_by_mount([args.path]).values()), args.timeout, True)
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    mount, p = mount_of(args.path)
+    r = mount.request("pin", path=mount.relative(p), pin=args.command == "pin")
+    print(f"{'pinned' if r['pinned'] else 'unpinned'}: {mount.mountpoint / r['path']}")
+    return 0
+
+
+def _only_mount(mountpoint: str | None) -> Mount:
+    if mountpoint is not None:
+        return mount_at(mountpoint)
+    found = _targets(None)
+    if len(found) > 1:
+        names = ", ".join(str(m.mountpoint) for m in found)
+        raise UserError(f"several gateways run ({names}): name the mountpoint")
+    return found[0]
+
+
+def cmd_lifecycle(args: argparse.Namespace) -> int:
+    mount = _only_mount(args.mountpoint)
+    if args.action == "rules":
+        r = mount.request("lifecycle_rules", apply=args.apply)
+        if args.json:
+            print(json.dumps(r, indent=2))
+        else:
+            print(json.dumps({"Rules": r["proposed"]}, indent=2))
+            print("applied to the bucket" if r["applied"] else "not applied (--apply to apply)")
+        return 0
+    op = "lifecycle_plan" if args.action == "plan" else "lifecycle_apply"
+    r = mount.request(op, run=args.run)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(plan_text(r["plan"], mount.mountpoint, use_colour(sys.stdout)))
+    if args.action == "apply":
+        print(
+            f"deleted {r['deleted']} checkpoints ({size(r['deleted_bytes'])}), "
+            f"tagged {r['tagged']} milestones, dropped {r['dropped_local_files']} files here"
+        )
+    return 0
 
 
 if __name__ == "__main__":

@@ -42,6 +42,20 @@ Example (every key optional)::
     [metrics]
     listen = ""               # "127.0.0.1:9464" serves Prometheus metrics at /metrics; empty: off
 
+    [lifecycle]
+    interval = 0              # seconds between retention runs inside the daemon; 0: off
+    abort_days = 7            # bucket rule: abort incomplete multipart uploads after N days
+    storage_class = ""        # bucket rule: move milestones to this class (e.g. "GLACIER_IR")
+    transition_days = 30      # ... this many days after they were written
+
+    [[retention]]             # one table per run (a directory in the mount)
+    run = "jobs/llama"
+    keep_last = 3             # complete durable checkpoints kept, newest first
+    keep_every = 1000         # steps that are multiples are milestones, kept; 0: none
+    min_age = 0.0             # seconds: younger checkpoints are never deleted
+    marker = ".metadata"      # complete once a file matching this is durable (DCP's marker)
+    quiet = 300.0             # without a marker: complete once durable and quiet this long
+
     [log]
     level = "info"
 """
@@ -51,10 +65,12 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drain.lifecycle import BucketRules, RunPolicy
+from drain.retention import Policy
 from drain.storeurl import StoreURL, StoreURLError, parse_store_url
 from gateway.errors import UserError
 
@@ -122,6 +138,9 @@ class Config:
     preemption_interval: float = 5.0
     preemption_command: str = ""
     metrics_listen: tuple[str, int] | None = None
+    retention: tuple[RunPolicy, ...] = ()
+    lifecycle_interval: float = 0.0
+    bucket_rules: BucketRules = field(default_factory=BucketRules)
 
 
 _KNOWN = {
@@ -141,6 +160,8 @@ _KNOWN = {
     "shutdown": {"deadline"},
     "preemption": {"provider", "url", "interval", "command"},
     "metrics": {"listen"},
+    "lifecycle": {"interval", "abort_days", "storage_class", "transition_days"},
+    "retention": {"run", "keep_last", "keep_every", "min_age", "marker", "quiet"},
     "drain": {
         "settle",
         "max_files",
@@ -161,11 +182,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"config file {path}: {e}") from None
     for section, body in data.items():
-        if section not in _KNOWN or not isinstance(body, dict):
+        if section == "retention" and isinstance(body, list):
+            tables = body  # [[retention]]: one table per run
+        elif section in _KNOWN and section != "retention" and isinstance(body, dict):
+            tables = [body]
+        else:
             raise UserError(f"config file {path}: unknown section [{section}]")
-        unknown = set(body) - _KNOWN[section]
-        if unknown:
-            raise UserError(f"config file {path}: unknown key {section}.{sorted(unknown)[0]}")
+        for table in tables:
+            unknown = set(table) - _KNOWN[section] if isinstance(table, dict) else {"?"}
+            if unknown:
+                raise UserError(f"config file {path}: unknown key {section}.{sorted(unknown)[0]}")
     return data
 
 
@@ -181,7 +207,7 @@ def load_config(
 ) -> Config:
     data = _read_toml(Path(config_file)) if config_file else {}
     st, ca, mo, lg, dr = (data.get(k, {}) for k in ("store", "cache", "mount", "log", "drain"))
-    sd, pe, me = (data.get(k, {}) for k in ("shutdown", "preemption", "metrics"))
+    sd, pe, me, lc = (data.get(k, {}) for k in ("shutdown", "preemption", "metrics", "lifecycle"))
     provider = str(pe.get("provider", "off")).lower()
     if provider not in PREEMPTION_PROVIDERS:
         raise UserError(
@@ -237,6 +263,33 @@ def load_config(
         ),
         preemption_command=str(pe.get("command", "")),
         metrics_listen=_listen(me.get("listen", "")),
+        retention=tuple(_run_policy(t) for t in data.get("retention", [])),
+        lifecycle_interval=_number(lc, "interval", 0.0, float, section_name="lifecycle"),
+        bucket_rules=BucketRules(
+            abort_days=int(_number(lc, "abort_days", 7, int, 1, "lifecycle")),
+            storage_class=str(lc.get("storage_class", "")),
+            transition_days=int(_number(lc, "transition_days", 30, int, 0, "lifecycle")),
+        ),
+    )
+
+
+def _run_policy(t: dict[str, Any]) -> RunPolicy:
+    run = str(t.get("run", "")).strip("/")
+    if not run:
+        raise UserError('config: every [[retention]] needs run = "DIR" (a directory in the mount)')
+    try:
+        policy = Policy(
+            keep_last=int(_number(t, "keep_last", 3, int, 1, "retention")),
+            keep_every=int(_number(t, "keep_every", 0, int, 0, "retention")),
+            min_age=_number(t, "min_age", 0.0, float, 0, "retention"),
+        )
+    except ValueError as e:
+        raise UserError(f"config: retention for {run}: {e}") from None
+    return RunPolicy(
+        run,
+        policy,
+        marker=str(t.get("marker", "")),
+        quiet=_number(t, "quiet", 300.0, float, 0, "retention"),
     )
 
 

@@ -10,18 +10,20 @@ each way::
 
 Operations: ``status``; ``pending`` and ``flush`` with ``paths`` (relative to the mount's
 root; none means all of it). A request with a newer ``version`` than the daemon's is refused
-with an error that says so, so old daemons and new clients fail clearly.
+with an error that says so, so old daemons and new clients fail clearly. Handlers that talk
+to the store (lifecycle) are async; the request's time limit covers reading it, not them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import json
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,7 @@ MAX_REQUEST = 1 << 20
 REQUEST_TIMEOUT = 10.0
 _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
+Handler = Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]]]
 
 
 class RequestError(Exception):
@@ -81,7 +83,7 @@ class ControlServer:
             try:
                 with trio.fail_after(REQUEST_TIMEOUT):
                     line = await _read_line(stream)
-                reply = self._answer(line)
+                reply = await self._answer(line)
             except RequestError as e:
                 reply = {"version": PROTOCOL_VERSION, "ok": False, "error": str(e)}
             except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -89,7 +91,7 @@ class ControlServer:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await stream.send_all(json.dumps(reply).encode() + b"\n")
 
-    def _answer(self, line: bytes) -> dict[str, Any]:
+    async def _answer(self, line: bytes) -> dict[str, Any]:
         try:
             request = json.loads(line)
             if not isinstance(request, dict):
@@ -103,7 +105,10 @@ class ControlServer:
             handler = self.handlers.get(str(request.get("op")))
             if handler is None:
                 raise RequestError(f"unknown operation {request.get('op')!r}")
-            return {"version": PROTOCOL_VERSION, "ok": True, "result": handler(request)}
+            result = handler(request)
+            if inspect.isawaitable(result):
+                result = await result
+            return {"version": PROTOCOL_VERSION, "ok": True, "result": result}
         except (ValueError, RequestError) as e:
             return {"version": PROTOCOL_VERSION, "ok": False, "error": str(e)}
         except Exception as e:

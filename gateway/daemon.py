@@ -29,6 +29,7 @@ import trio
 
 from drain.engine import DrainConfig, DrainEngine
 from drain.fetch import FetchConfig, Fetcher
+from drain.lifecycle import Lifecycle
 from drain.listing import ListingConfig, Listings
 from drain.readthrough import ReadThrough
 from drain.retry import RetryPolicy, RetryStats, retrying
@@ -248,7 +249,23 @@ def _paths(request: dict[str, Any]) -> list[str]:
     return paths
 
 
-def control_handlers(reporter: Reporter) -> dict[str, Any]:
+def _checkpoint(lifecycle: Lifecycle, request: dict[str, Any]) -> str:
+    path = str(request.get("path", "")).strip("/")
+    located, step = lifecycle.recognizer.locate(path)
+    if step is None or located != path:
+        raise RequestError(
+            f"{path or '/'} is not a checkpoint (a name like step_N, global_stepN, iter_N, "
+            "checkpoint-N, epoch_N or ckpt_N.pt)"
+        )
+    return path
+
+
+def _run(request: dict[str, Any]) -> str | None:
+    run = request.get("run")
+    return None if run is None else str(run)
+
+
+def control_handlers(reporter: Reporter, lifecycle: Lifecycle) -> dict[str, Any]:
     def guarded(call: Any) -> Any:
         def handler(request: dict[str, Any]) -> dict[str, Any]:
             try:
@@ -259,11 +276,57 @@ def control_handlers(reporter: Reporter) -> dict[str, Any]:
 
         return handler
 
+    def guarded_async(call: Any) -> Any:
+        async def handler(request: dict[str, Any]) -> dict[str, Any]:
+            try:
+                result: dict[str, Any] = await call(request)
+            except (PathError, LookupError, StoreError) as e:
+                raise RequestError(str(e)) from None
+            return result
+
+        return handler
+
+    async def plan(r: dict[str, Any]) -> dict[str, Any]:
+        return {"plan": [p.view() for p in await lifecycle.plan(_run(r))]}
+
+    async def pin(r: dict[str, Any]) -> dict[str, Any]:
+        path = _checkpoint(lifecycle, r)
+        await (lifecycle.pin(path) if r.get("pin", True) else lifecycle.unpin(path))
+        return {"path": path, "pinned": bool(r.get("pin", True))}
+
+    async def rules(r: dict[str, Any]) -> dict[str, Any]:
+        return await lifecycle.bucket_rules(bool(r.get("apply")))
+
+    async def apply(r: dict[str, Any]) -> dict[str, Any]:
+        return await lifecycle.apply(_run(r))
+
     return {
         "status": guarded(lambda r: reporter.status()),
         "pending": guarded(lambda r: reporter.pending(_paths(r))),
         "flush": guarded(lambda r: reporter.flush(_paths(r))),
+        "lifecycle_plan": guarded_async(plan),
+        "lifecycle_apply": guarded_async(apply),
+        "lifecycle_rules": guarded_async(rules),
+        "pin": guarded_async(pin),
     }
+
+
+async def _retention_timer(lifecycle: Lifecycle, interval: float) -> None:
+    """The periodic mode: apply every policy every ``interval`` seconds."""
+    while True:
+        await trio.sleep(interval)
+        try:
+            done = await lifecycle.apply()
+        except (StoreError, LookupError) as e:
+            log.warning("retention run failed: %s", e)
+            continue
+        if done["deleted"] or done["tagged"]:
+            log.info(
+                "retention: %d checkpoints deleted (%d bytes), %d milestones tagged",
+                done["deleted"],
+                done["deleted_bytes"],
+                done["tagged"],
+            )
 
 
 def log_not_durable(reporter: Reporter, cache_dir: Path) -> None:
@@ -330,7 +393,18 @@ async def _serve(fs: Filesystem, cfg: Config, ready: Readiness, control: Path) -
         await nursery.start(engine.run)
         fetcher = await nursery.start(_read_through, fs, store, cfg, engine.stats)
         reporter = Reporter(cfg.mountpoint, str(cfg.store), fs, engine, fetcher.stats)
-        await nursery.start(ControlServer(control, control_handlers(reporter)).run)
+        lifecycle = Lifecycle(
+            fs,
+            store,
+            list(cfg.retention),
+            cfg.bucket_rules,
+            lambda path: [v for _, v in _files_or_none(reporter, path)],
+            engine.stats,
+            reporter.recognizer,
+        )
+        await nursery.start(ControlServer(control, control_handlers(reporter, lifecycle)).run)
+        if cfg.lifecycle_interval > 0 and cfg.retention:
+            nursery.start_soon(_retention_timer, lifecycle, cfg.lifecycle_interval)
         if cfg.metrics_listen is not None:
             from gateway.metrics import MetricsServer
 
@@ -342,6 +416,13 @@ async def _serve(fs: Filesystem, cfg: Config, ready: Readiness, control: Path) -
         await pyfuse3.main()
         nursery.cancel_scope.cancel()  # uploads in progress keep their records and resume
     return signalled
+
+
+def _files_or_none(reporter: Reporter, path: str) -> list[tuple[Any, Any]]:
+    try:
+        return reporter.files(path)
+    except PathError:
+        return []  # the run has no files on this node
 
 
 async def _watch_preemption(

@@ -8,7 +8,16 @@ import sys
 import time
 from typing import Any, TextIO
 
-_COLOURS = {"durable": "32", "draining": "33", "local-only": "31", "local": "31", "bold": "1"}
+_COLOURS = {
+    "durable": "32",
+    "draining": "33",
+    "local-only": "31",
+    "local": "31",
+    "bold": "1",
+    "keep": "32",
+    "transition": "36",
+    "delete": "31",
+}
 MAX_CHECKPOINTS = 12
 
 
@@ -48,7 +57,10 @@ class Painter:
         return f"\x1b[{code}m{text}\x1b[0m" if self.colour and code else text
 
 
-def _table(rows: list[list[str]], paint: Painter, states: list[str] | None = None) -> list[str]:
+def _table(
+    rows: list[list[str]], paint: Painter, states: list[str] | None = None, column: int = 2
+) -> list[str]:
+    """Aligned columns, a bold header, and ``column`` painted by each row's state."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for n, row in enumerate(rows):
@@ -56,7 +68,7 @@ def _table(rows: list[list[str]], paint: Painter, states: list[str] | None = Non
         if n == 0:
             cells = [paint(c, "bold") for c in cells]
         elif states is not None:
-            cells[2] = paint(cells[2], states[n - 1])
+            cells[column] = paint(cells[column], states[n - 1])
         out.append("  ".join(cells).rstrip())
     return out
 
@@ -124,6 +136,27 @@ def status_text(st: dict[str, Any], colour: bool = False) -> str:
     else:
         lines.append("  no files yet")
     return "\n".join(lines)
+
+
+def plan_text(plan: list[dict[str, Any]], mountpoint: object, colour: bool = False) -> str:
+    """A retention plan as a table: one line per checkpoint, newest first, with the reason."""
+    if not plan:
+        return "no checkpoints under any run with a retention policy"
+    paint = Painter(colour)
+    rows = [["RUN", "CHECKPOINT", "ACTION", "STEP", "FILES", "SIZE", "REASON"]]
+    for p in plan:
+        rows.append(
+            [
+                p["run"],
+                p["path"],
+                p["action"],
+                str(p["step"]),
+                str(p["files"]),
+                size(p["bytes"]),
+                p["reason"],
+            ]
+        )
+    return "\n".join(_table(rows, paint, [p["action"] for p in plan], column=2))
 
 
 class ProgressBar:

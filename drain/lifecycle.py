@@ -1,0 +1,296 @@
+"""Lifecycle: retention applied to the bucket and the caches, pins, and the bucket's own rules.
+
+The plan for a run (a path in the mount with a retention policy) comes from two views:
+
+* the store: every object under the run (what any node drained), listed in full;
+* this node's journal: files not yet durable, which the store does not have (or has an older
+  version of). They make their checkpoint "not durable", so retention never touches it.
+
+Checkpoints are grouped by :class:`~drain.checkpoints.Recognizer`; pins are empty objects under
+``<prefix>.ckptgw-pins/<path>``, so every node sees the same pins. Applying a plan deletes each
+doomed checkpoint's objects in batches, then drops it from this node's namespace and cache
+(other nodes drop it at their next listing), and tags milestones ``ckptgw-class=milestone``
+for the bucket's transition rule.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import posixpath
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from drain.checkpoints import DURABLE, FileView, Recognizer
+from drain.retention import DELETE, TRANSITION, Candidate, Decision, Policy, plan
+from drain.retry import RetryPolicy, RetryStats, retrying
+from drain.store import Store
+from fsops.filesystem import Filesystem
+from fsops.journal import ROOT_INODE, State
+from fsops.names import RESERVED
+
+log = logging.getLogger(__name__)
+
+PINS = RESERVED.decode() + "pins/"
+CLASS_TAG = "ckptgw-class"
+RULE_PREFIX = "ckptgw-"
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    run: str  # a directory in the mount, relative to its root ("jobs/llama")
+    policy: Policy = field(default_factory=Policy)
+    marker: str = ""  # a checkpoint is complete once a file matching this glob is durable
+    quiet: float = 300.0  # without a marker: complete once durable and quiet this long
+
+
+@dataclass(frozen=True)
+class BucketRules:
+    abort_days: int = 7  # AbortIncompleteMultipartUpload after this many days
+    storage_class: str = ""  # milestones move here (e.g. "GLACIER_IR"); empty: no transition
+    transition_days: int = 30
+
+
+@dataclass
+class _File:
+    path: str  # relative to the mount's root
+    key: str | None  # the object, if the store has this file
+    size: int
+    durable: bool
+    mtime: float
+
+
+@dataclass
+class CheckpointPlan:
+    run: str
+    decision: Decision
+    files: list[_File]
+
+    def view(self) -> dict[str, Any]:
+        d = self.decision
+        return {
+            "run": self.run,
+            "path": d.path,
+            "step": d.step,
+            "action": d.action,
+            "reason": d.reason,
+            "class": d.storage_class,
+            "files": len(self.files),
+            "bytes": sum(f.size for f in self.files),
+        }
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        fs: Filesystem,
+        store: Store,
+        runs: list[RunPolicy],
+        rules: BucketRules,
+        local_files: Callable[[str], list[FileView]],
+        stats: RetryStats,
+        recognizer: Recognizer | None = None,
+    ) -> None:
+        self.fs = fs
+        self.store = store
+        self.prefix = fs.keys.prefix
+        self.runs = runs
+        self.rules = rules
+        self.local_files = local_files  # durability of this node's files under a path
+        self.stats = stats
+        self.recognizer = recognizer or Recognizer()
+        self.retry = RetryPolicy()
+
+    async def _call(self, what: str, call: Any) -> Any:
+        return await retrying(what, call, self.retry, self.stats)
+
+    # -- pins --------------------------------------------------------------------------------------
+
+    def _pin_key(self, path: str) -> str:
+        return f"{self.prefix}{PINS}{path.strip('/')}"
+
+    async def pins(self) -> set[str]:
+        start = f"{self.prefix}{PINS}"
+        return {o.key[len(start) :] async for o in self.store.iter_objects(start)}
+
+    async def pin(self, path: str) -> None:
+        key = self._pin_key(path)
+        await self._call(
+            f"pin {path}", lambda: self.store.put(key, b"", {"pinned-at": str(time.time())})
+        )
+
+    async def unpin(self, path: str) -> None:
+        key = self._pin_key(path)
+        await self._call(f"unpin {path}", lambda: self.store.delete(key))
+
+    # -- planning ----------------------------------------------------------------------------------
+
+    async def _files(self, run: RunPolicy) -> dict[str, _File]:
+        out: dict[str, _File] = {}
+        start = f"{self.prefix}{run.run}/"
+        async for o in self.store.iter_objects(start):
+            rel = o.key[len(self.prefix) :]
+            out[rel] = _File(rel, o.key, o.size, True, o.mtime)
+        for v in self.local_files(run.run):
+            known = out.get(v.path)
+            if v.state != DURABLE:
+                out[v.path] = _File(v.path, known.key if known else None, v.size, False, v.mtime)
+            elif known is None:  # durable, but the listing has not caught up yet
+                out[v.path] = _File(v.path, self.prefix + v.path, v.size, True, v.mtime)
+        return out
+
+    def _complete(self, run: RunPolicy, path: str, files: list[_File], now: float) -> bool:
+        if not all(f.durable for f in files):
+            return False
+        if len(files) == 1 and files[0].path == path:
+            return True  # a single-file checkpoint: complete once it is in the store
+        if run.marker:
+            return any(fnmatch.fnmatch(posixpath.basename(f.path), run.marker) for f in files)
+        return now - max(f.mtime for f in files) >= run.quiet
+
+    async def plan(self, run_filter: str | None = None) -> list[CheckpointPlan]:
+        runs = [r for r in self.runs if run_filter is None or r.run == run_filter.strip("/")]
+        if run_filter is not None and not runs:
+            known = ", ".join(r.run for r in self.runs) or "none configured"
+            raise LookupError(f"no retention policy for run {run_filter!r} (runs: {known})")
+        pins = await self.pins()
+        now = time.time()
+        out: list[CheckpointPlan] = []
+        for run in runs:
+            groups: dict[str, list[_File]] = {}
+            steps: dict[str, int] = {}
+            for f in (await self._files(run)).values():
+                path, step = self.recognizer.locate(f.path)
+                if step is not None:
+                    groups.setdefault(path, []).append(f)
+                    steps[path] = step
+            cands = [
+                Candidate(
+                    path=path,
+                    step=steps[path],
+                    mtime=max(f.mtime for f in files),
+                    durable=all(f.durable for f in files),
+                    complete=self._complete(run, path, files, now),
+                    pinned=path in pins,
+                )
+                for path, files in groups.items()
+            ]
+            out += [
+                CheckpointPlan(run.run, d, groups[d.path]) for d in plan(cands, run.policy, now)
+            ]
+        return out
+
+    # -- applying ----------------------------------------------------------------------------------
+
+    async def apply(self, run_filter: str | None = None) -> dict[str, Any]:
+        """Carry out the plan: returns what it did (and the plan it followed)."""
+        plans = await self.plan(run_filter)
+        deleted = tagged = dropped = 0
+        for p in plans:
+            keys = [f.key for f in p.files if f.key is not None]
+            if p.decision.action == DELETE:
+                if any(not f.durable for f in p.files):
+                    raise AssertionError(f"plan would delete {p.decision.path}, not durable")
+                await self._delete(p.decision.path, keys)
+                dropped += self._forget_local(p.decision.path, set(keys))
+                deleted += 1
+                log.info("retention: deleted %s (%s)", p.decision.path, p.decision.reason)
+            elif p.decision.action == TRANSITION:
+                for key in keys:
+                    await self._tag(key, p.decision.storage_class)
+                tagged += 1
+        return {
+            "plan": [p.view() for p in plans],
+            "deleted": deleted,
+            "deleted_bytes": sum(p.view()["bytes"] for p in plans if p.decision.action == DELETE),
+            "tagged": tagged,
+            "dropped_local_files": dropped,
+        }
+
+    async def _delete(self, path: str, keys: list[str]) -> None:
+        await self._call(f"delete {path}", lambda: self.store.delete_many(keys))
+
+    async def _tag(self, key: str, storage_class: str) -> None:
+        await self._call(f"tag {key}", lambda: self.store.put_tags(key, {CLASS_TAG: storage_class}))
+
+    def _forget_local(self, path: str, keys: set[str]) -> int:
+        """Drop a deleted checkpoint from this node: its names, and its cache files (at once, or
+        when the kernel forgets an inode it still knows). Returns the files dropped."""
+        journal, table = self.fs.journal, self.fs.table
+        inode = ROOT_INODE
+        for name in path.split("/"):
+            row = journal.lookup(inode, name.encode())
+            if row is None:
+                return 0
+            inode = row.id
+        top = journal.get(inode)
+        assert top is not None
+        rows = [(top, "")] if stat.S_ISREG(top.mode) else []
+        rows += [(r, "") for r, _ in journal.files_under(inode)] if stat.S_ISDIR(top.mode) else []
+        freed: list[int] = []
+        dropped = 0
+        with journal.transaction():
+            for row, _ in rows:
+                current = table.peek(row.id) or row
+                ours = current.state in (State.CLEAN, State.REMOTE) and current.stored_key in keys
+                if not ours:
+                    continue
+                dropped += 1
+                if table.unlink(table.adopt(current)) and current.state is State.CLEAN:
+                    freed.append(row.id)
+            if stat.S_ISDIR(top.mode):
+                dirs = [i for i, _ in journal.subtree(inode) if _is_dir(journal, i)]
+                for d in [*reversed(dirs), inode]:  # children first
+                    row = journal.get(d)
+                    if row is not None and not journal.has_children(d):
+                        table.unlink(table.adopt(table.peek(d) or row))
+        for i in freed:
+            table.cache.remove(i)
+        return dropped
+
+    # -- bucket rules ------------------------------------------------------------------------------
+
+    def our_rules(self) -> list[dict[str, Any]]:
+        scope: dict[str, Any] = {"Prefix": self.prefix}
+        rules: list[dict[str, Any]] = [
+            {
+                "ID": f"{RULE_PREFIX}abort-incomplete-uploads",
+                "Status": "Enabled",
+                "Filter": scope,
+                "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": self.rules.abort_days},
+            }
+        ]
+        if self.rules.storage_class:
+            tag = {"Key": CLASS_TAG, "Value": "milestone"}
+            filt = {"And": {"Prefix": self.prefix, "Tags": [tag]}} if self.prefix else {"Tag": tag}
+            rules.append(
+                {
+                    "ID": f"{RULE_PREFIX}milestones",
+                    "Status": "Enabled",
+                    "Filter": filt,
+                    "Transitions": [
+                        {
+                            "Days": self.rules.transition_days,
+                            "StorageClass": self.rules.storage_class,
+                        }
+                    ],
+                }
+            )
+        return rules
+
+    async def bucket_rules(self, apply: bool) -> dict[str, Any]:
+        """The bucket's rules with ours merged in (others' rules kept); applied if asked."""
+        current = await self._call("get lifecycle rules", self.store.get_lifecycle)
+        others = [r for r in current if not str(r.get("ID", "")).startswith(RULE_PREFIX)]
+        merged = others + self.our_rules()
+        if apply:
+            await self._call("put lifecycle rules", lambda: self.store.put_lifecycle(merged))
+        return {"current": current, "proposed": merged, "applied": apply}
+
+
+def _is_dir(journal: Any, inode: int) -> bool:
+    row = journal.get(inode)
+    return row is not None and stat.S_ISDIR(row.mode)

@@ -1,0 +1,238 @@
+"""Lifecycle against the file store and the S3 server: plan and apply delete exactly what the
+plan said (never a checkpoint only partly in the store), pins set on one gateway are honoured
+by another, the periodic mode, and the bucket's lifecycle rules round-trip with others' rules
+kept."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from tests.conftest import CheckedGateway, GatewayFactory, errno_of, needs_fuse
+from tests.test_cli import assert_one_line_error
+from tests.test_drain import file_store_objects, wait_for
+from tests.test_readthrough import write_toml
+
+pytestmark = [pytest.mark.mount, needs_fuse]
+
+RETENTION = {"run": "run1", "keep_last": 2, "keep_every": 4, "marker": ".metadata"}
+
+
+@dataclass
+class Setup:
+    node: Callable[..., CheckedGateway]  # node(name, **lifecycle) -> a gateway on the store
+    objects: Callable[[], set[str]]  # keys in the store, without the gateway's own
+    tags: Callable[[str], dict[str, str]]
+    kind: str
+
+
+@pytest.fixture(params=["file", "s3"])
+def setup(
+    request: pytest.FixtureRequest, gateway: GatewayFactory, tmp_path: Path
+) -> Iterator[Setup]:
+    def config(name: str, lifecycle: dict[str, object]) -> Path:
+        sections: dict[str, dict[str, object]] = {
+            "drain": {"settle": 600.0},
+            "lifecycle": lifecycle,
+        }
+        path = write_toml(tmp_path / f"{name}.toml", sections)
+        with path.open("a") as f:  # [[retention]] is an array of tables
+            f.write(
+                "[[retention]]\n"
+                + "".join(f"{k} = {json.dumps(v)}\n" for k, v in RETENTION.items())
+            )
+        return path
+
+    if request.param == "file":
+        root = tmp_path / "store"
+
+        def node(name: str, **lifecycle: object) -> CheckedGateway:
+            return gateway(name, "--config", str(config(name, lifecycle)), store=f"file://{root}")
+
+        def objects() -> set[str]:
+            return {k for k in file_store_objects(root) if not k.startswith(".ckptgw-pins/")}
+
+        def tags(key: str) -> dict[str, str]:
+            try:
+                return dict(json.loads(os.getxattr(root / key, "user.ckptgw.tags")))
+            except OSError as e:
+                assert e.errno == errno.ENODATA
+                return {}
+
+        yield Setup(node, objects, tags, "file")
+        return
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = request.getfixturevalue("bucket")
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+    def s3_node(name: str, **lifecycle: object) -> CheckedGateway:
+        cfg = config(name, lifecycle)
+        return gateway(
+            name, "--config", str(cfg), "--endpoint-url", endpoint, store=f"s3://{bucket}/ck/"
+        )
+
+    def s3_objects() -> set[str]:
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix="ck/").get("Contents", [])
+        keys = {o["Key"].removeprefix("ck/") for o in listed}
+        return {k for k in keys if not k.startswith(".ckptgw-pins/")}
+
+    def s3_tags(key: str) -> dict[str, str]:
+        r = s3.get_object_tagging(Bucket=bucket, Key=f"ck/{key}")
+        return {t["Key"]: t["Value"] for t in r["TagSet"]}
+
+    yield Setup(s3_node, s3_objects, s3_tags, "s3")
+
+
+def write_checkpoints(gw: CheckedGateway, steps: range, *, complete: bool = True) -> None:
+    for step in steps:
+        d = gw.mountpoint / "run1" / f"step_{step}"
+        d.mkdir(parents=True)
+        (d / "model.pt").write_bytes(bytes([step]) * 1000)
+        if complete:
+            (d / ".metadata").write_bytes(b"dcp commit marker")
+
+
+def lifecycle(gw: CheckedGateway, action: str, *args: str) -> dict[str, Any]:
+    r = gw.cli("lifecycle", action, str(gw.mountpoint), *args, "--json")
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
+
+
+def test_plan_and_apply_delete_exactly_what_the_plan_said(setup: Setup) -> None:
+    gw = setup.node("a")
+    write_checkpoints(gw, range(1, 7))
+    write_checkpoints(gw, range(7, 8), complete=False)  # being written: no marker yet
+    r = gw.cli("flush", "--wait", "--timeout", "60", str(gw.mountpoint / "run1"))
+    assert r.returncode == 0, r.stderr
+    # Written after the flush, never drained: step_3 is now only partly in the store.
+    (gw.mountpoint / "run1" / "step_3" / "extra.pt").write_bytes(b"only in this cache")
+    before = setup.objects()
+
+    plan = {p["path"]: (p["action"], p["reason"]) for p in lifecycle(gw, "plan")["plan"]}
+    assert plan == {
+        "run1/step_7": ("keep", "newer than the newest complete checkpoint"),
+        "run1/step_6": ("keep", "newest complete checkpoint"),
+        "run1/step_5": ("keep", "one of the last 2"),
+        "run1/step_4": ("transition", "milestone (every 4 steps)"),
+        "run1/step_3": ("keep", "not entirely in the store yet"),
+        "run1/step_2": ("delete", "older than the last 2"),
+        "run1/step_1": ("delete", "older than the last 2"),
+    }
+    text = gw.cli("lifecycle", "plan").stdout
+    assert "run1/step_2" in text and "delete" in text and "older than the last 2" in text
+
+    done = lifecycle(gw, "apply")
+    assert done["deleted"] == 2 and done["tagged"] == 1
+    doomed = {k for k in before if k.startswith(("run1/step_1/", "run1/step_2/"))}
+    assert len(doomed) == 4
+    assert setup.objects() == before - doomed  # exactly the plan's deletes, nothing else
+    assert sorted(os.listdir(gw.mountpoint / "run1")) == [
+        "step_3",
+        "step_4",
+        "step_5",
+        "step_6",
+        "step_7",
+    ]
+    assert (gw.mountpoint / "run1" / "step_3" / "extra.pt").read_bytes() == b"only in this cache"
+    for key in ("run1/step_4/model.pt", "run1/step_4/.metadata"):
+        assert setup.tags(key) == {"ckptgw-class": "milestone"}
+    assert setup.tags("run1/step_5/model.pt") == {}
+
+    # Another node plans from the same bucket. It cannot see a's undrained extra.pt, so to it
+    # step_3 is complete and old (what min_age is for: drain lag on other nodes).
+    b = setup.node("b")
+    again = {p["path"]: p["action"] for p in lifecycle(b, "plan")["plan"]}
+    assert again == {
+        "run1/step_7": "keep",
+        "run1/step_6": "keep",
+        "run1/step_5": "keep",
+        "run1/step_4": "transition",
+        "run1/step_3": "delete",
+    }
+
+
+def test_pins_from_one_gateway_are_honoured_by_another(setup: Setup) -> None:
+    a = setup.node("a")
+    write_checkpoints(a, range(1, 5))
+    assert a.cli("flush", "--wait", "--timeout", "60").returncode == 0
+    r = a.cli("pin", str(a.mountpoint / "run1" / "step_1"))
+    assert r.returncode == 0 and "pinned" in r.stdout
+    b = setup.node("b")
+    plan_b = {p["path"]: p["reason"] for p in lifecycle(b, "plan")["plan"]}
+    assert plan_b["run1/step_1"] == "pinned"
+    assert not any(p.startswith(".ckptgw") for p in os.listdir(b.mountpoint))  # pins are hidden
+    assert errno_of(os.mkdir, b.mountpoint / ".ckptgw-pins") == errno.EPERM
+
+    # step_1 is listed on b now (b's plan listed the bucket); unpin there, apply on a.
+    assert b.cli("unpin", str(b.mountpoint / "run1" / "step_1")).returncode == 0
+    done = lifecycle(a, "apply")
+    deleted = {p["path"] for p in done["plan"] if p["action"] == "delete"}
+    assert deleted == {"run1/step_1", "run1/step_2"}
+    assert not any(k.startswith(("run1/step_1/", "run1/step_2/")) for k in setup.objects())
+
+    r = a.cli("pin", str(a.mountpoint / "run1"), check=False)
+    assert_one_line_error(r, "is not a checkpoint")
+    r = a.cli("lifecycle", "plan", "--run", "nope", check=False)  # one gateway left: no name
+    b.stop()
+    r = a.cli("lifecycle", "plan", "--run", "nope", check=False)
+    assert_one_line_error(r, "no retention policy for run 'nope'")
+
+
+def test_the_periodic_mode_applies_the_policy(setup: Setup) -> None:
+    gw = setup.node("a", interval=0.5)
+    write_checkpoints(gw, range(1, 4))
+    assert gw.cli("flush", "--wait", "--timeout", "60").returncode == 0
+    wait_for("step_1 to go", lambda: not any(k.startswith("run1/step_1/") for k in setup.objects()))
+    assert {k.split("/")[1] for k in setup.objects()} == {"step_2", "step_3"}
+    log = (gw.cache_dir / "ckptgw.log").read_text()
+    assert "retention: deleted run1/step_1" in log
+
+
+def test_bucket_rules_round_trip_and_keep_other_rules(setup: Setup) -> None:
+    gw = setup.node("a", storage_class="GLACIER_IR", transition_days=30, abort_days=3)
+    if setup.kind == "file":
+        r = gw.cli("lifecycle", "rules", check=False)
+        assert_one_line_error(r, "lifecycle rules need an S3 store")
+        return
+    store = gw.status()["store"]
+    bucket = store.removeprefix("s3://").split("/")[0]
+    endpoint = gw.extra_args[gw.extra_args.index("--endpoint-url") + 1]
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    theirs = {
+        "ID": "team-expire-logs",
+        "Status": "Enabled",
+        "Filter": {"Prefix": "logs/"},
+        "Expiration": {"Days": 14},
+    }
+    s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": [theirs]})
+    shown = lifecycle(gw, "rules")
+    assert shown["applied"] is False
+    assert [r["ID"] for r in shown["proposed"]] == [
+        "team-expire-logs",
+        "ckptgw-abort-incomplete-uploads",
+        "ckptgw-milestones",
+    ]
+    for _ in range(2):  # applying twice changes nothing the second time
+        assert lifecycle(gw, "rules", "--apply")["applied"] is True
+        rules = {r["ID"]: r for r in s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]}
+        assert set(rules) == {
+            "team-expire-logs",
+            "ckptgw-abort-incomplete-uploads",
+            "ckptgw-milestones",
+        }
+    assert rules["team-expire-logs"]["Expiration"]["Days"] == 14
+    assert rules["ckptgw-abort-incomplete-uploads"]["AbortIncompleteMultipartUpload"] == {
+        "DaysAfterInitiation": 3
+    }
+    milestones = rules["ckptgw-milestones"]
+    assert milestones["Transitions"][0]["StorageClass"] == "GLACIER_IR"
+    assert milestones["Filter"]["And"]["Tags"] == [{"Key": "ckptgw-class", "Value": "milestone"}]
+    assert milestones["Filter"]["And"]["Prefix"] == "ck/"
