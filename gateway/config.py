@@ -47,6 +47,8 @@ Example (every key optional)::
     abort_days = 7            # bucket rule: abort incomplete multipart uploads after N days
     storage_class = ""        # bucket rule: move milestones to this class (e.g. "GLACIER_IR")
     transition_days = 30      # ... this many days after they were written
+    patterns = []             # regexes naming checkpoints, one group = the step; default:
+                              # step_N, global_stepN, iter_N, checkpoint-N, epoch_N, ckpt_N.pt
 
     [[retention]]             # one table per run (a directory in the mount)
     run = "jobs/llama"
@@ -69,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drain.checkpoints import DEFAULT_PATTERNS
 from drain.lifecycle import BucketRules, RunPolicy
 from drain.retention import Policy
 from drain.storeurl import StoreURL, StoreURLError, parse_store_url
@@ -140,6 +143,7 @@ class Config:
     metrics_listen: tuple[str, int] | None = None
     retention: tuple[RunPolicy, ...] = ()
     lifecycle_interval: float = 0.0
+    checkpoint_patterns: tuple[str, ...] = DEFAULT_PATTERNS
     bucket_rules: BucketRules = field(default_factory=BucketRules)
 
 
@@ -160,7 +164,7 @@ _KNOWN = {
     "shutdown": {"deadline"},
     "preemption": {"provider", "url", "interval", "command"},
     "metrics": {"listen"},
-    "lifecycle": {"interval", "abort_days", "storage_class", "transition_days"},
+    "lifecycle": {"interval", "abort_days", "storage_class", "transition_days", "patterns"},
     "retention": {"run", "keep_last", "keep_every", "min_age", "marker", "quiet"},
     "drain": {
         "settle",
@@ -265,12 +269,26 @@ def load_config(
         metrics_listen=_listen(me.get("listen", "")),
         retention=tuple(_run_policy(t) for t in data.get("retention", [])),
         lifecycle_interval=_number(lc, "interval", 0.0, float, section_name="lifecycle"),
+        checkpoint_patterns=_patterns(lc.get("patterns", [])),
         bucket_rules=BucketRules(
             abort_days=int(_number(lc, "abort_days", 7, int, 1, "lifecycle")),
             storage_class=str(lc.get("storage_class", "")),
             transition_days=int(_number(lc, "transition_days", 30, int, 0, "lifecycle")),
         ),
     )
+
+
+def _patterns(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise UserError("config: lifecycle.patterns must be a list of regular expressions")
+    for p in value:
+        try:
+            groups = re.compile(p).groups
+        except re.error as e:
+            raise UserError(f"config: lifecycle.patterns: {p!r} is not a regex: {e}") from None
+        if groups != 1:
+            raise UserError(f"config: lifecycle.patterns: {p!r} needs one group, the step number")
+    return tuple(value) or DEFAULT_PATTERNS
 
 
 def _run_policy(t: dict[str, Any]) -> RunPolicy:

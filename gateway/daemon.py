@@ -27,6 +27,7 @@ from typing import Any
 import pyfuse3
 import trio
 
+from drain.checkpoints import Recognizer
 from drain.engine import DrainConfig, DrainEngine
 from drain.fetch import FetchConfig, Fetcher
 from drain.lifecycle import Lifecycle
@@ -392,7 +393,14 @@ async def _serve(fs: Filesystem, cfg: Config, ready: Readiness, control: Path) -
         engine = DrainEngine(fs, store, drain_config(cfg))
         await nursery.start(engine.run)
         fetcher = await nursery.start(_read_through, fs, store, cfg, engine.stats)
-        reporter = Reporter(cfg.mountpoint, str(cfg.store), fs, engine, fetcher.stats)
+        reporter = Reporter(
+            cfg.mountpoint,
+            str(cfg.store),
+            fs,
+            engine,
+            fetcher.stats,
+            Recognizer(cfg.checkpoint_patterns),
+        )
         lifecycle = Lifecycle(
             fs,
             store,

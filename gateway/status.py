@@ -45,6 +45,7 @@ class Reporter:
         fs: Filesystem,
         engine: DrainEngine,
         fetch_stats: FetchStats,
+        recognizer: Recognizer | None = None,
     ) -> None:
         self.mountpoint = mountpoint
         self.store_url = store_url
@@ -52,7 +53,7 @@ class Reporter:
         self.engine = engine
         self.fetch_stats = fetch_stats
         self.lifecycle = Lifecycle()
-        self.recognizer = Recognizer()
+        self.recognizer = recognizer or Recognizer()
         self.started = time.time()
 
     # -- files -----------------------------------------------------------------------------------

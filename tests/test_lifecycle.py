@@ -236,3 +236,27 @@ def test_bucket_rules_round_trip_and_keep_other_rules(setup: Setup) -> None:
     assert milestones["Transitions"][0]["StorageClass"] == "GLACIER_IR"
     assert milestones["Filter"]["And"]["Tags"] == [{"Key": "ckptgw-class", "Value": "milestone"}]
     assert milestones["Filter"]["And"]["Prefix"] == "ck/"
+
+
+def test_retention_and_pattern_config_errors_are_one_line(tmp_path: Path) -> None:
+    from gateway.config import load_config
+    from gateway.errors import UserError
+
+    cases = {
+        "[[retention]]\nkeep_last = 2\n": "needs run",
+        '[[retention]]\nrun = "r"\nkeep_last = 0\n': "retention.keep_last = 0",
+        '[[retention]]\nrun = "r"\nkeeplast = 2\n': "unknown key retention.keeplast",
+        '[lifecycle]\npatterns = ["save(\\\\d+)", "x"]\n': "needs one group",
+        '[lifecycle]\npatterns = ["save((\\\\d+)"]\n': "is not a regex",
+    }
+    for text, needle in cases.items():
+        (tmp_path / "c.toml").write_text(text)
+        with pytest.raises(UserError, match=needle.replace("(", r"\(")):
+            load_config(str(tmp_path / "m"), config_file=str(tmp_path / "c.toml"))
+    (tmp_path / "c.toml").write_text(
+        '[lifecycle]\npatterns = ["save(\\\\d+)"]\n[[retention]]\nrun = "/r/"\nkeep_every = 5\n'
+    )
+    cfg = load_config(str(tmp_path / "m"), config_file=str(tmp_path / "c.toml"))
+    assert cfg.checkpoint_patterns == (r"save(\d+)",)
+    (run,) = cfg.retention
+    assert run.run == "r" and run.policy.keep_every == 5 and run.policy.keep_last == 3
