@@ -7,6 +7,7 @@ checkpoint, then unmount.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -51,12 +52,8 @@ def save_checkpoint(state: dict[str, object], path: Path) -> float:
 def main() -> None:
     exit_on_sigterm()
     work = Path(tempfile.mkdtemp(prefix="ckptgw-demo-"))
-    gw = Gateway(
-        work / "mnt",
-        work / "cache",
-        f"file://{work / 'store'}",
-        env={"CKPTGW_RUNTIME_DIR": str(work / "run")},
-    )
+    os.environ["CKPTGW_RUNTIME_DIR"] = str(work / "run")  # the demo's gateways are its own
+    gw = Gateway(work / "mnt", work / "cache", f"file://{work / 'store'}")
     try:
         gw.start()
         say(f"mounted {gw.mountpoint} (cache {gw.cache_dir}, daemon pid {gw.pid})")

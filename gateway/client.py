@@ -21,7 +21,7 @@ from typing import Any
 from gateway import registry
 from gateway.control import PROTOCOL_VERSION
 from gateway.errors import UserError
-from gateway.mountpoint import FSTYPE, mounted_fstype
+from gateway.mountpoint import FSTYPE, is_stale, mounted_fstype
 
 CONNECT_TIMEOUT = 30.0
 
@@ -112,7 +112,12 @@ def mount_of(path: str | os.PathLike[str]) -> tuple[Mount, Path]:
         if entry is not None:
             return Mount(candidate, entry), p
         if mounted_fstype(candidate) == FSTYPE:
-            raise NotRunning(f"the gateway for {candidate} is not running (the mount is stale)")
+            if is_stale(candidate):
+                raise NotRunning(f"the gateway for {candidate} is not running (the mount is stale)")
+            raise NotRunning(
+                f"no gateway for {candidate} is registered in {registry.runtime_dir()}: run this "
+                "as the user that mounted it, with the same CKPTGW_RUNTIME_DIR"
+            )
     raise UserError(f"{p} is not on a ckptgw mount")
 
 

@@ -58,7 +58,7 @@ def unmount(path: Path, *, lazy: bool = False) -> None:
         raise UserError(f"cannot unmount {path}: {detail}")
 
 
-def _dead(path: Path) -> bool:
+def is_stale(path: Path) -> bool:
     """True if ``path`` is a FUSE mount whose daemon is gone. ``stat`` may still succeed from
     the kernel's attribute cache, so ask for something only the daemon can answer."""
     try:
@@ -71,7 +71,7 @@ def _dead(path: Path) -> bool:
 def prepare_mountpoint(path: Path) -> None:
     """Check that ``path`` can be mounted on; clear a stale mount a crashed ckptgw left."""
     fstype = mounted_fstype(path)
-    if fstype is not None and fstype.startswith("fuse") and _dead(path):
+    if fstype is not None and fstype.startswith("fuse") and is_stale(path):
         if fstype != FSTYPE:
             raise UserError(
                 f"mountpoint {path} is a dead mount of {fstype}; "

@@ -8,6 +8,7 @@ are only ever added within a version.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ class Reporter:
         inode = self.resolve(path)
         row = self.fs.journal.get(inode)
         assert row is not None
-        if row.mode & 0o170000 == 0o100000:
+        if stat.S_ISREG(row.mode):
             found = [(row, path.strip("/"))]
         else:
             prefix = path.strip("/")

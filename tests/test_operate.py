@@ -432,6 +432,10 @@ def test_cli_without_a_daemon_says_so_in_one_line(
         reply = json.loads(s.makefile().readline())
     assert reply["ok"] is False and "protocol version 99 is not supported" in reply["error"]
 
+    elsewhere = {"CKPTGW_RUNTIME_DIR": str(tmp_path / "other-run")}  # e.g. another user's
+    r = ckptgw("status", str(gw.mountpoint), env=elsewhere)
+    assert_one_line_error(r, "is registered in", "same CKPTGW_RUNTIME_DIR")
+
     gw.kill()  # the daemon dies; the mount is stale
     r = ckptgw("status", str(gw.mountpoint), env=env)
     assert_one_line_error(r, "not running")
