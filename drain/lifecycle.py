@@ -29,7 +29,7 @@ from drain.retention import DELETE, TRANSITION, Candidate, Decision, Policy, pla
 from drain.retry import RetryPolicy, RetryStats, retrying
 from drain.store import Store
 from fsops.filesystem import Filesystem
-from fsops.journal import ROOT_INODE, State
+from fsops.journal import State
 from fsops.names import RESERVED
 
 log = logging.getLogger(__name__)
@@ -220,33 +220,27 @@ class Lifecycle:
         """Drop a deleted checkpoint from this node: its names, and its cache files (at once, or
         when the kernel forgets an inode it still knows). Returns the files dropped."""
         journal, table = self.fs.journal, self.fs.table
-        inode = ROOT_INODE
-        for name in path.split("/"):
-            row = journal.lookup(inode, name.encode())
-            if row is None:
-                return 0
-            inode = row.id
-        top = journal.get(inode)
-        assert top is not None
-        rows = [(top, "")] if stat.S_ISREG(top.mode) else []
-        rows += [(r, "") for r, _ in journal.files_under(inode)] if stat.S_ISDIR(top.mode) else []
+        top = journal.resolve(path)
+        if top is None:
+            return 0
+        is_dir = stat.S_ISDIR(top.mode)
+        rows = [r for r, _ in journal.files_under(top.id)] if is_dir else [top]
         freed: list[int] = []
         dropped = 0
         with journal.transaction():
-            for row, _ in rows:
-                current = table.peek(row.id) or row
+            for row in rows:
+                current = table.current(row)
                 ours = current.state in (State.CLEAN, State.REMOTE) and current.stored_key in keys
                 if not ours:
                     continue
                 dropped += 1
                 if table.unlink(table.adopt(current)) and current.state is State.CLEAN:
                     freed.append(row.id)
-            if stat.S_ISDIR(top.mode):
-                dirs = [i for i, _ in journal.subtree(inode) if _is_dir(journal, i)]
-                for d in [*reversed(dirs), inode]:  # children first
-                    row = journal.get(d)
-                    if row is not None and not journal.has_children(d):
-                        table.unlink(table.adopt(table.peek(d) or row))
+            if is_dir:  # then the directories it emptied, children first
+                for d in [*reversed([i for i, _ in journal.subtree(top.id)]), top.id]:
+                    entry = journal.get(d)  # files unlinked above are gone or orphans by now
+                    if entry and stat.S_ISDIR(entry.mode) and not journal.has_children(d):
+                        table.unlink(table.adopt(entry))
         for i in freed:
             table.cache.remove(i)
         return dropped
@@ -289,8 +283,3 @@ class Lifecycle:
         if apply:
             await self._call("put lifecycle rules", lambda: self.store.put_lifecycle(merged))
         return {"current": current, "proposed": merged, "applied": apply}
-
-
-def _is_dir(journal: Any, inode: int) -> bool:
-    row = journal.get(inode)
-    return row is not None and stat.S_ISDIR(row.mode)

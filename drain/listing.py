@@ -143,10 +143,6 @@ class Listings:
             return None
         return raw
 
-    def _current(self, row: InodeRow) -> InodeRow:
-        mem = self.table.peek(row.id)
-        return mem if mem is not None else row
-
     @staticmethod
     def _in_use(row: InodeRow) -> bool:
         return isinstance(row, Inode) and bool(row.opens or row.pins or row.fd >= 0)
@@ -177,7 +173,7 @@ class Listings:
             row.stored_key, row.stored_etag = o.key, o.etag
             self.journal.update_attrs(row)
             return []
-        row = self._current(found)
+        row = self.table.current(found)
         if not stat.S_ISREG(row.mode) or row.state not in (State.CLEAN, State.REMOTE):
             return []  # local wins: a directory, a symlink, or data not yet in the store
         if row.stored_key == o.key and row.stored_etag == o.etag:
@@ -201,7 +197,7 @@ class Listings:
             self.journal.insert(self._new_row(d, name, stat.S_IFDIR | 0o755, 0, now))
 
     def _vanished(self, found: InodeRow, pending: set[str], started: float) -> list[int]:
-        row = self._current(found)
+        row = self.table.current(found)
         if self._in_use(row):
             return []
         if stat.S_ISDIR(row.mode):

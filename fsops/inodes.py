@@ -100,6 +100,10 @@ class InodeTable:
         and times are fresher). Use :meth:`adopt` for entries handed to the kernel."""
         return [self._mem.get(r.id, r) for r in self.journal.children(parent, after, limit)]
 
+    def current(self, row: InodeRow) -> InodeRow:
+        """The freshest view of a journal row: its in-memory inode if there is one."""
+        return self._mem.get(row.id, row)
+
     def adopt(self, row: InodeRow) -> Inode:
         return row if isinstance(row, Inode) else self._adopt(row)
 

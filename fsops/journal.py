@@ -451,6 +451,15 @@ class Journal:
         ).fetchall()
         return [(int(r[0]), str(r[1])) for r in rows]
 
+    def resolve(self, path: str) -> InodeRow | None:
+        """The entry at a path relative to the root ("" is the root), or None."""
+        row = self.get(ROOT_INODE)
+        for name in [p for p in path.split("/") if p and p != "."]:
+            if row is None:
+                return None
+            row = self.lookup(row.id, name.encode())
+        return row
+
     def files_under(self, inode: int) -> list[tuple[InodeRow, str]]:
         """Every regular file below a directory, with its path relative to it ("a/b")."""
         cols = ", ".join(f"i.{c.strip()}" for c in _INODE_COLS.split(","))

@@ -22,6 +22,7 @@ from gateway import registry
 from gateway.control import PROTOCOL_VERSION
 from gateway.errors import UserError
 from gateway.mountpoint import FSTYPE, is_stale, mounted_fstype
+from gateway.render import size
 
 CONNECT_TIMEOUT = 30.0
 
@@ -136,9 +137,7 @@ def files(n: int) -> str:
 
 
 def describe(pending: dict[str, Any]) -> str:
-    """ "2 files, 5.0 MiB (/mnt/a, /mnt/b)": what a ``pending`` answer holds, in one line."""
-    from gateway.render import size
-
+    """What a ``pending`` answer holds, in one line: "2 files, 5.0 MiB (/mnt/a, /mnt/b)"."""
     shown = ", ".join(str(f["path"]) for f in pending["files"][:3])
     more = pending["count"] - min(3, pending["count"])
     return (

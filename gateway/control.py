@@ -10,15 +10,14 @@ each way::
 
 Operations: ``status``; ``pending`` and ``flush`` with ``paths`` (relative to the mount's
 root; none means all of it). A request with a newer ``version`` than the daemon's is refused
-with an error that says so, so old daemons and new clients fail clearly. Handlers that talk
-to the store (lifecycle) are async; the request's time limit covers reading it, not them.
+with an error that says so, so old daemons and new clients fail clearly. Handlers are async
+(lifecycle ones talk to the store); the request's time limit covers reading it, not them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import inspect
 import json
 import logging
 import os
@@ -38,7 +37,7 @@ MAX_REQUEST = 1 << 20
 REQUEST_TIMEOUT = 10.0
 _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
-Handler = Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]]]
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 class RequestError(Exception):
@@ -105,9 +104,7 @@ class ControlServer:
             handler = self.handlers.get(str(request.get("op")))
             if handler is None:
                 raise RequestError(f"unknown operation {request.get('op')!r}")
-            result = handler(request)
-            if inspect.isawaitable(result):
-                result = await result
+            result = await handler(request)
             return {"version": PROTOCOL_VERSION, "ok": True, "result": result}
         except (ValueError, RequestError) as e:
             return {"version": PROTOCOL_VERSION, "ok": False, "error": str(e)}

@@ -14,6 +14,7 @@ left stays in the journal and drains at the next mount of the same cache.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import logging.handlers
 import os
@@ -268,19 +269,13 @@ def _run(request: dict[str, Any]) -> str | None:
 
 def control_handlers(reporter: Reporter, lifecycle: Lifecycle) -> dict[str, Any]:
     def guarded(call: Any) -> Any:
-        def handler(request: dict[str, Any]) -> dict[str, Any]:
-            try:
-                result: dict[str, Any] = call(request)
-            except PathError as e:
-                raise RequestError(str(e)) from None
-            return result
+        """A handler whose errors the client should see as they are (a path, the store)."""
 
-        return handler
-
-    def guarded_async(call: Any) -> Any:
         async def handler(request: dict[str, Any]) -> dict[str, Any]:
             try:
-                result: dict[str, Any] = await call(request)
+                result: dict[str, Any] = call(request)
+                if inspect.isawaitable(result):
+                    result = await result
             except (PathError, LookupError, StoreError) as e:
                 raise RequestError(str(e)) from None
             return result
@@ -305,10 +300,10 @@ def control_handlers(reporter: Reporter, lifecycle: Lifecycle) -> dict[str, Any]
         "status": guarded(lambda r: reporter.status()),
         "pending": guarded(lambda r: reporter.pending(_paths(r))),
         "flush": guarded(lambda r: reporter.flush(_paths(r))),
-        "lifecycle_plan": guarded_async(plan),
-        "lifecycle_apply": guarded_async(apply),
-        "lifecycle_rules": guarded_async(rules),
-        "pin": guarded_async(pin),
+        "lifecycle_plan": guarded(plan),
+        "lifecycle_apply": guarded(apply),
+        "lifecycle_rules": guarded(rules),
+        "pin": guarded(pin),
     }
 
 

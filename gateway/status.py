@@ -19,7 +19,7 @@ from drain.checkpoints import DRAINING, DURABLE, LOCAL, FileView, Recognizer
 from drain.engine import DrainEngine
 from drain.fetch import FetchStats
 from fsops.filesystem import Filesystem
-from fsops.journal import ROOT_INODE, InodeRow, State
+from fsops.journal import InodeRow, State
 
 STATUS_VERSION = 1
 
@@ -59,38 +59,24 @@ class Reporter:
 
     # -- files -----------------------------------------------------------------------------------
 
-    def _current(self, row: InodeRow) -> InodeRow:
-        mem = self.fs.table.peek(row.id)
-        return mem if mem is not None else row
-
-    def resolve(self, path: str) -> int:
-        """The inode at a path relative to the mount's root ("" is the root)."""
-        inode = ROOT_INODE
-        for name in [p for p in path.split("/") if p and p != "."]:
-            row = self.fs.journal.lookup(inode, name.encode())
-            if row is None:
-                raise PathError(f"{self.mountpoint / path}: no such file or directory")
-            inode = row.id
-        return inode
-
     def files(self, path: str = "") -> list[tuple[InodeRow, FileView]]:
         """Every regular file at or below ``path``, with its durability."""
-        inode = self.resolve(path)
-        row = self.fs.journal.get(inode)
-        assert row is not None
+        row = self.fs.journal.resolve(path)
+        if row is None:
+            raise PathError(f"{self.mountpoint / path}: no such file or directory")
         if stat.S_ISREG(row.mode):
             found = [(row, path.strip("/"))]
         else:
             prefix = path.strip("/")
             found = [
                 (r, f"{prefix}/{rel}" if prefix else rel)
-                for r, rel in self.fs.journal.files_under(inode)
+                for r, rel in self.fs.journal.files_under(row.id)
             ]
         running = {p.inode for p in self.engine.running()}
         moving = self.fs.journal.pending_keys()  # a move to a file's key: not there yet
         out = []
         for r, rel in found:
-            r = self._current(r)
+            r = self.fs.table.current(r)
             if r.state in (State.DIRTY, State.UPLOADING):
                 state = DRAINING if r.id in running or r.state is State.UPLOADING else LOCAL
             else:
