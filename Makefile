@@ -35,8 +35,9 @@ lint: venv
 test: venv lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# STORE=s3://BUCKET[/PREFIX] (and ENDPOINT=URL for an S3-compatible server) runs it on S3.
 demo: venv
-	$(BIN)/python -m bench.demo
+	$(BIN)/python -m bench.demo $(if $(STORE),--store $(STORE)) $(if $(ENDPOINT),--endpoint-url $(ENDPOINT))
 
 bench: venv
 	$(BIN)/python -m bench.save_stall

@@ -108,6 +108,16 @@ class Gateway:
             self._wait_gone(self.pid, 10)
             self.pid = None
 
+    def terminate(self, timeout: float = 120) -> None:
+        """SIGTERM the daemon, as a node shutting down would, and wait for it to exit (it
+        drains first, up to ``shutdown.deadline``); then make sure nothing is left behind."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGTERM)
+            if not self._wait_gone(self.pid, timeout):
+                raise GatewayError(f"the daemon (pid {self.pid}) did not exit after SIGTERM")
+            self.pid = None
+        self.stop()
+
     def stop(self, timeout: float = 60, *, drain: bool = False) -> None:
         """Unmount (at once, or after draining when ``drain``) and wait for the daemon; whatever
         fails, leave nothing behind. Data not drained stays in the cache for the next mount."""
