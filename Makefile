@@ -6,12 +6,19 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SYSPKGS := fuse3 libfuse3-dev pkg-config
+TESTPKGS := shellcheck
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench sysdeps venv clean
+.PHONY: demo test lint bench sysdeps testdeps apt venv clean
 
 sysdeps:
-	@missing=""; for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@$(MAKE) --no-print-directory apt PKGS="$(SYSPKGS)"
+
+testdeps:
+	@$(MAKE) --no-print-directory apt PKGS="$(TESTPKGS)"
+
+apt:
+	@missing=""; for p in $(PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing system packages:$$missing"; \
 		if [ "$$(id -u)" != 0 ]; then echo "need root to apt-get install$$missing" >&2; exit 1; fi; \
@@ -32,17 +39,16 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: venv lint
+test: venv testdeps lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # STORE=s3://BUCKET[/PREFIX] (and ENDPOINT=URL for an S3-compatible server) runs it on S3.
 demo: venv
 	$(BIN)/python -m bench.demo $(if $(STORE),--store $(STORE)) $(if $(ENDPOINT),--endpoint-url $(ENDPOINT))
 
+# BENCH_ARGS="--sizes 1024 --runs 5 --only save" narrows it (python -m bench.suite --help).
 bench: venv
-	$(BIN)/python -m bench.save_stall
-	$(BIN)/python -m bench.drain_time
-	$(BIN)/python -m bench.cold_restore
+	$(BIN)/python -m bench.suite $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+DEFAULT = Path(__file__).parent / "results"
 
-def save(name: str, data: dict[str, Any]) -> Path:
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
+
+def save(name: str, data: dict[str, Any], out: Path = DEFAULT) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     path.write_text(json.dumps(data, indent=2))
     return path

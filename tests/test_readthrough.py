@@ -198,7 +198,7 @@ def test_torch_and_dcp_checkpoints_restore_on_a_fresh_node(nodes: Nodes) -> None
     torch = pytest.importorskip("torch")
     import torch.multiprocessing as mp
 
-    from bench.save_stall import save_atomic
+    from bench.workloads import save_atomic
     from tests.test_torch import _dcp_rank, _free_port, training_state
 
     a = nodes.node("a")

@@ -1,0 +1,541 @@
+"""`make bench`: the gateway against the limit, every figure measured in the same run.
+
+For each checkpoint size (256 MiB to 4 GiB by default):
+- save stall: ``torch.save`` + fsync + rename through the mount, against the same save into a
+  directory on the cache disk;
+- time to durable: from the save's return until the object is complete in the bucket, against
+  boto3 uploading the same bytes (its transfer manager, same part size and parts in flight);
+- drain CPU seconds per GiB (the daemon's, during the drain) against boto3's, and the peak
+  resident memory of each;
+- cold restore: ``torch.load`` through a fresh gateway with an empty cache, against boto3
+  downloading the object (same chunk size and requests in flight).
+Then a DCP save of many files (mount against disk, and until all are in the bucket against
+boto3 uploading them), and 1 to 8 writer processes saving their shards at once, like the ranks
+of one node.
+
+The store is moto's S3 server on loopback; the disk is the one under ``--workdir``. Writes
+``bench/results/suite.json``, ``suite_size.png`` and ``suite_writers.png`` and prints the table.
+
+    python -m bench.suite [--sizes 256,1024,4096] [--writers 1,2,4,8] [--runs 3]
+                          [--restore-max-mib 1024] [--only save,restore,files,writers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import boto3
+import torch
+import xxhash
+
+from bench import baseline
+from bench.procs import cpu_seconds, peak_rss
+from bench.results import save
+from bench.workloads import dcp_save, save_atomic, state_dict
+from gateway.harness import Gateway, exit_on_sigterm
+from tests.s3server import moto_server
+
+PART = 16 << 20  # upload part size and parts in flight, for the gateway and boto3 alike
+PARTS = 8
+CHUNK = 8 << 20  # ranged GET size and GETs in flight when reading
+GETS = 8
+BUCKET = "bench"
+CREDS = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+# Targets from the issues; the same target holds at every size and writer count.
+TARGETS = {
+    "save stall": 1.25,
+    "time to durable": 1.05,
+    "drain CPU s/GiB": 1.00,
+    "cold restore": 1.00,
+}
+
+
+@dataclass
+class Row:
+    metric: str
+    x: str  # the size or the number of writers
+    baseline: str
+    base: float
+    gateway: float
+    unit: str
+
+    @property
+    def ratio(self) -> float:
+        return self.gateway / self.base if self.base else float("inf")
+
+    @property
+    def target(self) -> float | None:
+        return TARGETS.get(self.metric.split(" (")[0])
+
+
+def say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def mib(n: int) -> str:
+    return f"{n >> 30} GiB" if n >= 1 << 30 and n % (1 << 30) == 0 else f"{n >> 20} MiB"
+
+
+def timed(fn: Callable[[], object]) -> float:
+    os.sync()  # start with no write-back left over from the last run
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class Bench:
+    def __init__(self, work: Path, endpoint: str, runs: int) -> None:
+        self.work = work
+        self.endpoint = endpoint
+        self.runs = runs
+        self.s3 = boto3.client("s3", endpoint_url=endpoint)
+        self.s3.create_bucket(Bucket=BUCKET)
+        self.rows: list[Row] = []
+        self.samples: dict[str, Any] = {}
+        self.disk = work / "disk"
+        self.disk.mkdir()
+        self.config = work / "gw.toml"
+        self.config.write_text(
+            f'[drain]\npart_size = "{PART >> 20}MiB"\nmultipart_threshold = "{PART >> 20}MiB"\n'
+            f"max_parts = {PARTS}\n"
+            f'[cache]\nfetch_chunk = "{CHUNK >> 20}MiB"\nfetch_parallel = {GETS}\n'
+        )
+        self._nodes = 0
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    @contextmanager
+    def node(self) -> Iterator[Gateway]:
+        """A gateway on a fresh node: its own, empty cache dir; always unmounted after."""
+        self._nodes += 1
+        root = self.work / f"node{self._nodes}"
+        gw = Gateway(
+            root / "mnt",
+            root / "cache",
+            f"s3://{BUCKET}/gw/",
+            "--endpoint-url",
+            self.endpoint,
+            "--config",
+            str(self.config),
+            env={"CKPTGW_RUNTIME_DIR": str(self.work / "run")},
+        )
+        try:
+            yield gw.start()
+        finally:
+            gw.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+    def keys(self, prefix: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+            out.update({o["Key"]: o["Size"] for o in page.get("Contents", [])})
+        return out
+
+    def wait_in_bucket(self, want: dict[str, int], timeout: float = 3600) -> None:
+        """Until every key is in the bucket with its size. An object appears only complete."""
+        deadline = time.monotonic() + timeout
+        while True:
+            have = self.keys("gw/")
+            if all(have.get(k) == n for k, n in want.items()):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not in the bucket after {timeout} s: {sorted(want)[:3]}")
+            time.sleep(0.1)  # polling loads the (single-process) server too
+
+    def delete(self, prefix: str) -> None:
+        keys = list(self.keys(prefix))
+        for i in range(0, len(keys), 1000):
+            self.s3.delete_objects(
+                Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]]}
+            )
+
+    def boto3(self, op: str, pairs: dict[str, Path]) -> dict[str, Any]:
+        chunk, conc = (PART, PARTS) if op == "upload" else (CHUNK, GETS)
+        return baseline.run(
+            op, self.endpoint, BUCKET, chunk, conc, {k: str(p) for k, p in pairs.items()}
+        )
+
+    def add(self, *rows: Row) -> None:
+        for r in rows:
+            self.rows.append(r)
+            verdict = ""
+            if r.target is not None:
+                verdict = "met" if r.ratio <= r.target else f"MISSED (target {r.target:.2f}x)"
+            say(
+                f"  = {r.metric:28} {r.x:>7}: {r.baseline} {r.base:8.2f} {r.unit}, "
+                f"gateway {r.gateway:8.2f} {r.unit}, {r.ratio:5.2f}x {verdict}"
+            )
+
+    # -- one checkpoint per size --------------------------------------------------------------
+
+    def sizes(self, size: int, restore: bool) -> None:
+        label = mib(size)
+        say(f"\n## {label} checkpoint: save stall, time to durable, drain CPU, memory")
+        sd = state_dict(size)
+        s: dict[str, list[float]] = {
+            k: [] for k in ("disk", "mount", "boto3", "durable", "cpu", "boto3_cpu")
+        }
+        nbytes = 0
+        with self.node() as gw:
+            assert gw.pid is not None
+            for i in range(self.runs + 1):  # the first round warms both up and is not counted
+                d = self.disk / "ckpt.pt"
+                t_disk = timed(functools.partial(save_atomic, sd, d))
+                nbytes = d.stat().st_size
+                up = self.boto3("upload", {f"boto3/{label}/{i}.pt": d})
+                d.unlink()
+                step = gw.mountpoint / f"size/step_{i}"
+                step.mkdir(parents=True)
+                m = step / "ckpt.pt"
+                t_mount = timed(functools.partial(save_atomic, sd, m))
+                t0, c0 = time.perf_counter(), cpu_seconds(gw.pid)
+                self.wait_in_bucket({f"gw/size/step_{i}/ckpt.pt": nbytes})
+                t_durable, cpu = time.perf_counter() - t0, cpu_seconds(gw.pid) - c0
+                say(
+                    f"  run {i}{' (warm-up)' if not i else ''}: save disk {t_disk:6.2f} s, "
+                    f"mount {t_mount:6.2f} s; durable after {t_durable:6.2f} s "
+                    f"({cpu:5.2f} CPU s), boto3 upload {up['seconds']:6.2f} s "
+                    f"({up['cpu_seconds']:5.2f} CPU s)"
+                )
+                if i:
+                    for k, v in (
+                        ("disk", t_disk),
+                        ("mount", t_mount),
+                        ("boto3", up["seconds"]),
+                        ("durable", t_durable),
+                        ("cpu", cpu),
+                        ("boto3_cpu", up["cpu_seconds"]),
+                    ):
+                        s[k].append(v)
+                if i < self.runs or not restore:
+                    (m).unlink()
+                self.delete("boto3/")
+            head = self.s3.head_object(Bucket=BUCKET, Key=f"gw/size/step_{self.runs}/ckpt.pt")
+            if restore:  # the last run's object stays for the restore; it must be the save
+                digest = xxhash.xxh3_128_hexdigest(
+                    (gw.mountpoint / "size" / f"step_{self.runs}" / "ckpt.pt").read_bytes()
+                )
+                assert head["Metadata"]["xxh3-128"] == digest, "the object is not what was saved"
+            rss = peak_rss(gw.pid)
+        del sd
+        gib = nbytes / (1 << 30)
+        med = {k: statistics.median(v) for k, v in s.items()}
+        self.samples[f"size {label}"] = {
+            "bytes": nbytes,
+            "samples": s,
+            "daemon_peak_rss": rss,
+            "boto3_peak_rss": up["peak_rss_bytes"],
+        }
+        self.add(
+            Row("save stall", label, "disk", med["disk"], med["mount"], "s"),
+            Row("time to durable", label, "boto3 upload", med["boto3"], med["durable"], "s"),
+            Row(
+                "drain CPU s/GiB",
+                label,
+                "boto3 upload",
+                med["boto3_cpu"] / gib,
+                med["cpu"] / gib,
+                "s",
+            ),
+            Row(
+                "peak memory (MiB)",
+                label,
+                "boto3 process",
+                up["peak_rss_bytes"] / 2**20,
+                rss / 2**20,
+                "MiB",
+            ),
+        )
+        if restore:
+            self.restore(label, f"size/step_{self.runs}/ckpt.pt", nbytes)
+        self.delete("gw/size/")
+
+    def restore(self, label: str, key: str, nbytes: int) -> None:
+        say(f"## {label} checkpoint: cold restore on a fresh node")
+        s: dict[str, list[float]] = {"cold": [], "boto3": []}
+        local = self.disk / "download.pt"
+        for i in range(self.runs):
+            with self.node() as gw:  # a fresh node: empty cache
+                t0 = time.perf_counter()
+                state = torch.load(gw.mountpoint / key, weights_only=True)
+                cold = time.perf_counter() - t0
+                del state
+            down = self.boto3("download", {f"gw/{key}": local})
+            assert local.stat().st_size == nbytes
+            local.unlink()
+            say(
+                f"  run {i}: torch.load, cold {cold:6.2f} s; "
+                f"boto3 download {down['seconds']:6.2f} s"
+            )
+            s["cold"].append(cold)
+            s["boto3"].append(down["seconds"])
+        self.samples[f"restore {label}"] = s
+        self.add(
+            Row(
+                "cold restore",
+                label,
+                "boto3 download",
+                statistics.median(s["boto3"]),
+                statistics.median(s["cold"]),
+                "s",
+            )
+        )
+
+    # -- many small files ---------------------------------------------------------------------
+
+    def many_files(self, total: int, tensors: int) -> None:
+        say(f"\n## DCP save, {tensors} tensors ({mib(total)}): one file per tensor")
+        sd = {f"t{i}": torch.randn(total // 4 // tensors) for i in range(tensors)}
+        s: dict[str, list[float]] = {"disk": [], "mount": [], "durable": [], "boto3": []}
+        n = 0
+        with self.node() as gw:
+            for i in range(self.runs + 1):
+                d = self.disk / f"dcp_{i}"
+                t_disk = timed(functools.partial(dcp_save, sd, d))
+                files = {f"boto3/dcp_{i}/{p.name}": p for p in d.iterdir()}
+                n = len(files)
+                up = self.boto3("upload", files)
+                shutil.rmtree(d)
+                m = gw.mountpoint / f"dcp/step_{i}"
+                t_mount = timed(functools.partial(dcp_save, sd, m))
+                t0 = time.perf_counter()
+                want = {f"gw/dcp/step_{i}/{p.name}": p.stat().st_size for p in m.iterdir()}
+                self.wait_in_bucket(want)
+                t_durable = time.perf_counter() - t0
+                say(
+                    f"  run {i}{' (warm-up)' if not i else ''}: {n} files, save disk "
+                    f"{t_disk:6.2f} s, mount {t_mount:6.2f} s; durable after {t_durable:6.2f} s, "
+                    f"boto3 upload {up['seconds']:6.2f} s"
+                )
+                if i:
+                    for k, v in (
+                        ("disk", t_disk),
+                        ("mount", t_mount),
+                        ("durable", t_durable),
+                        ("boto3", up["seconds"]),
+                    ):
+                        s[k].append(v)
+                shutil.rmtree(m)
+                self.delete("boto3/")
+        self.delete("gw/dcp/")
+        med = {k: statistics.median(v) for k, v in s.items()}
+        self.samples["dcp"] = {"files": n, "bytes": total, "samples": s}
+        self.add(
+            Row("save stall (DCP)", f"{n} files", "disk", med["disk"], med["mount"], "s"),
+            Row(
+                "time to durable (DCP)",
+                f"{n} files",
+                "boto3 upload",
+                med["boto3"],
+                med["durable"],
+                "s",
+            ),
+        )
+
+    # -- writers ------------------------------------------------------------------------------
+
+    def writers(self, n: int, shard: int) -> None:
+        say(f"\n## {n} writer process(es), {mib(shard)} each, saving at once")
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, "-m", "bench.rank", "--rank", str(r), "--bytes", str(shard)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+                cwd=Path(__file__).resolve().parent.parent,
+            )
+            for r in range(n)
+        ]
+
+        def save_all(target: Path) -> float:
+            """All ranks save into ``target`` at once; seconds until the last one returned."""
+            target.mkdir(parents=True)
+            os.sync()
+            t0 = time.monotonic()
+            for p in ranks:
+                assert p.stdin is not None
+                p.stdin.write(f"{target}\n")
+            ends = [float(p.stdout.readline()) for p in ranks if p.stdout is not None]
+            return max(ends) - t0
+
+        s: dict[str, list[float]] = {"disk": [], "mount": [], "durable": [], "boto3": []}
+        try:
+            for p in ranks:
+                assert p.stdout is not None
+                if p.stdout.readline().strip() != "ready":
+                    raise RuntimeError("a rank failed to start")
+            with self.node() as gw:
+                for i in range(self.runs + 1):
+                    d = self.disk / f"w_{i}"
+                    t_disk = save_all(d)
+                    up = self.boto3("upload", {f"boto3/w_{i}/{p.name}": p for p in d.iterdir()})
+                    shutil.rmtree(d)
+                    m = gw.mountpoint / f"w/step_{i}"
+                    t_mount = save_all(m)
+                    t0 = time.perf_counter()
+                    want = {f"gw/w/step_{i}/{p.name}": p.stat().st_size for p in m.iterdir()}
+                    self.wait_in_bucket(want)
+                    t_durable = time.perf_counter() - t0
+                    say(
+                        f"  run {i}{' (warm-up)' if not i else ''}: save disk {t_disk:6.2f} s, "
+                        f"mount {t_mount:6.2f} s; durable after {t_durable:6.2f} s, boto3 "
+                        f"upload {up['seconds']:6.2f} s"
+                    )
+                    if i:
+                        for k, v in (
+                            ("disk", t_disk),
+                            ("mount", t_mount),
+                            ("durable", t_durable),
+                            ("boto3", up["seconds"]),
+                        ):
+                            s[k].append(v)
+                    shutil.rmtree(m)
+                    self.delete("boto3/")
+        finally:
+            for p in ranks:
+                if p.stdin is not None:
+                    p.stdin.close()
+            for p in ranks:
+                try:
+                    p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        self.delete("gw/w/")
+        med = {k: statistics.median(v) for k, v in s.items()}
+        self.samples[f"writers {n}"] = {"shard_bytes": shard, "samples": s}
+        self.add(
+            Row("save stall (writers)", str(n), "disk", med["disk"], med["mount"], "s"),
+            Row(
+                "time to durable (writers)",
+                str(n),
+                "boto3 upload",
+                med["boto3"],
+                med["durable"],
+                "s",
+            ),
+        )
+
+
+def machine(workdir: Path) -> dict[str, Any]:
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    mem = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
+    fstype = subprocess.run(
+        ["stat", "-f", "-c", "%T", str(workdir)], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem / 2**30),
+        "disk": f"{workdir} ({fstype})",
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "moto": metadata.version("moto"),
+        "boto3": metadata.version("boto3"),
+    }
+
+
+def table(rows: list[Row]) -> str:
+    out = [
+        f"{'metric':28} {'at':>9}  {'baseline':>14} {'limit':>9} {'gateway':>9} "
+        f"{'ratio':>7}  target"
+    ]
+    for r in rows:
+        verdict = "-"
+        if r.target is not None:
+            verdict = f"<= {r.target:.2f}x " + ("met" if r.ratio <= r.target else "MISSED")
+        out.append(
+            f"{r.metric:28} {r.x:>9}  {r.baseline:>14} {r.base:8.2f}{r.unit[0]} "
+            f"{r.gateway:8.2f}{r.unit[0]} {r.ratio:6.2f}x  {verdict}"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    exit_on_sigterm()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="256,1024,4096", help="checkpoint sizes in MiB")
+    ap.add_argument("--writers", default="1,2,4,8", help="writer process counts")
+    ap.add_argument("--shard-mib", type=int, default=256, help="each writer's shard")
+    ap.add_argument("--dcp-mib", type=int, default=256)
+    ap.add_argument("--dcp-tensors", type=int, default=512)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument(
+        "--restore-max-mib",
+        type=int,
+        default=1024,
+        help="cold restore only up to this size: moto reads a whole object for "
+        "every ranged GET, so its cost grows with the square of the size",
+    )
+    ap.add_argument("--only", default="save,restore,files,writers")
+    ap.add_argument("--workdir", default="/var/tmp", help="a directory on the cache disk")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    os.environ.update(CREDS)
+    work = Path(tempfile.mkdtemp(prefix="ckptgw-bench-", dir=args.workdir))
+    info = machine(Path(args.workdir))
+    say("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
+    t_start = time.monotonic()
+    try:
+        with moto_server() as endpoint:
+            b = Bench(work, endpoint, args.runs)
+            if only & {"save", "restore"}:
+                for size in (int(x) << 20 for x in args.sizes.split(",")):
+                    b.sizes(size, "restore" in only and size <= args.restore_max_mib << 20)
+            if "files" in only:
+                b.many_files(args.dcp_mib << 20, args.dcp_tensors)
+            if "writers" in only:
+                for n in (int(x) for x in args.writers.split(",")):
+                    b.writers(n, args.shard_mib << 20)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    say("\n" + table(b.rows))
+    say(f"\n(all ratios: gateway / limit measured in this run; {time.monotonic() - t_start:.0f} s)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "machine": info,
+        "settings": {"part": PART, "parts": PARTS, "chunk": CHUNK, "gets": GETS, "runs": args.runs},
+        "rows": [asdict(r) | {"ratio": r.ratio, "target": r.target} for r in b.rows],
+        "samples": b.samples,
+    }
+    say(f"wrote {save('suite', doc, args.out)}")
+    from bench.plots import plot_sizes, plot_writers
+
+    for path in (plot_sizes(doc, args.out), plot_writers(doc, args.out)):
+        if path is not None:
+            say(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
