@@ -27,10 +27,9 @@ from gateway.client import (
     mounts,
     wait_until_durable,
 )
-from gateway.config import load_config
-from gateway.daemon import READY_FD_ENV
 from gateway.errors import UserError
 from gateway.mountpoint import FSTYPE, mounted_fstype, unmount
+from gateway.protocol import READY_FD_ENV
 from gateway.render import ProgressBar, plan_text, size, status_text, use_colour
 
 MOUNT_TIMEOUT = 120.0
@@ -140,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
+    from gateway.config import load_config  # loads the drain modules: only for mount
+
     cfg = load_config(
         args.mountpoint,
         config_file=args.config,

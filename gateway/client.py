@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway import registry
-from gateway.control import PROTOCOL_VERSION
 from gateway.errors import UserError
 from gateway.mountpoint import FSTYPE, is_stale, mounted_fstype
+from gateway.protocol import PROTOCOL_VERSION
 from gateway.render import size
 
 CONNECT_TIMEOUT = 30.0

@@ -29,10 +29,10 @@ from typing import Any
 import trio
 
 from gateway import registry
+from gateway.protocol import PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
 
-PROTOCOL_VERSION = 1
 MAX_REQUEST = 1 << 20
 REQUEST_TIMEOUT = 10.0
 _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux

@@ -48,11 +48,10 @@ from gateway.control import ControlServer, RequestError, socket_path
 from gateway.errors import UserError
 from gateway.mountpoint import prepare_mountpoint
 from gateway.preemption import PreemptionWatcher, WatchConfig
+from gateway.protocol import READY_FD_ENV
 from gateway.status import PathError, Reporter
 
 log = logging.getLogger("ckptgw")
-
-READY_FD_ENV = "CKPTGW_READY_FD"
 
 
 class Readiness:

@@ -1,0 +1,72 @@
+"""`make bench`, shrunk to seconds: every section runs against moto on loopback and writes its
+JSON and plots. (No timing is asserted: only that each figure was measured and is sane.)"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.mount, pytest.mark.torch]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.suite",
+            "--sizes",
+            "16",
+            "--writers",
+            "1,2",
+            "--shard-mib",
+            "8",
+            "--dcp-mib",
+            "8",
+            "--dcp-tensors",
+            "16",
+            "--runs",
+            "1",
+            "--workdir",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads((tmp_path / "out/suite.json").read_text())
+    got = {(row["metric"], row["x"]) for row in doc["rows"]}
+    assert got == {
+        ("save stall", "16 MiB"),
+        ("time to durable", "16 MiB"),
+        ("drain CPU s/GiB", "16 MiB"),
+        ("peak memory (MiB)", "16 MiB"),
+        ("cold restore", "16 MiB"),
+        ("save stall (DCP)", "17 files"),
+        ("time to durable (DCP)", "17 files"),
+        ("save stall (writers)", "1"),
+        ("time to durable (writers)", "1"),
+        ("save stall (writers)", "2"),
+        ("time to durable (writers)", "2"),
+    }
+    for row in doc["rows"]:
+        assert row["base"] > 0 and row["gateway"] > 0, row
+        assert math.isclose(row["ratio"], row["gateway"] / row["base"])
+    assert doc["machine"]["cpus"] >= 1 and doc["settings"]["runs"] == 1
+    for png in ("suite_size.png", "suite_writers.png"):
+        assert (tmp_path / "out" / png).read_bytes()[:4] == b"\x89PNG"
+    assert "gateway / limit measured in this run" in r.stdout
+    assert str(tmp_path) not in Path("/proc/self/mounts").read_text()
+    assert not list(tmp_path.glob("ckptgw-bench-*")), "the work dir was not removed"
