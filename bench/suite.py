@@ -230,8 +230,8 @@ class Bench:
                 if i < self.runs or not restore:
                     (m).unlink()
                 self.delete("boto3/")
-            head = self.s3.head_object(Bucket=BUCKET, Key=f"gw/size/step_{self.runs}/ckpt.pt")
             if restore:  # the last run's object stays for the restore; it must be the save
+                head = self.s3.head_object(Bucket=BUCKET, Key=f"gw/size/step_{self.runs}/ckpt.pt")
                 digest = xxhash.xxh3_128_hexdigest(
                     (gw.mountpoint / "size" / f"step_{self.runs}" / "ckpt.pt").read_bytes()
                 )
@@ -507,9 +507,12 @@ def main() -> None:
     info = machine(Path(args.workdir))
     say("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     t_start = time.monotonic()
+    rows: list[Row] = []
+    samples: dict[str, Any] = {}
     try:
         with moto_server() as endpoint:
             b = Bench(work, endpoint, args.runs)
+            rows, samples = b.rows, b.samples  # reported even if a later section fails
             if only & {"save", "restore"}:
                 for size in (int(x) << 20 for x in args.sizes.split(",")):
                     b.sizes(size, "restore" in only and size <= args.restore_max_mib << 20)
@@ -520,14 +523,24 @@ def main() -> None:
                     b.writers(n, args.shard_mib << 20)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    say("\n" + table(b.rows))
-    say(f"\n(all ratios: gateway / limit measured in this run; {time.monotonic() - t_start:.0f} s)")
-    args.out.mkdir(parents=True, exist_ok=True)
+        if rows:
+            report(rows, samples, info, args, time.monotonic() - t_start)
+
+
+def report(
+    rows: list[Row],
+    samples: dict[str, Any],
+    info: dict[str, Any],
+    args: argparse.Namespace,
+    seconds: float,
+) -> None:
+    say("\n" + table(rows))
+    say(f"\n(all ratios: gateway / limit measured in this run; {seconds:.0f} s)")
     doc = {
         "machine": info,
         "settings": {"part": PART, "parts": PARTS, "chunk": CHUNK, "gets": GETS, "runs": args.runs},
-        "rows": [asdict(r) | {"ratio": r.ratio, "target": r.target} for r in b.rows],
-        "samples": b.samples,
+        "rows": [asdict(r) | {"ratio": r.ratio, "target": r.target} for r in rows],
+        "samples": samples,
     }
     say(f"wrote {save('suite', doc, args.out)}")
     from bench.plots import plot_sizes, plot_writers
