@@ -21,7 +21,7 @@ from typing import Any
 from gateway import registry
 from gateway.errors import UserError
 from gateway.mountpoint import FSTYPE, is_stale, mounted_fstype
-from gateway.protocol import PROTOCOL_VERSION
+from gateway.protocol import PROTOCOL_VERSION, socket_address
 from gateway.render import size
 
 CONNECT_TIMEOUT = 30.0
@@ -52,7 +52,8 @@ class Mount:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(CONNECT_TIMEOUT)
             try:
-                s.connect(path)
+                with socket_address(path) as address:
+                    s.connect(address)
                 s.sendall(json.dumps({"version": PROTOCOL_VERSION, "op": op, **args}).encode())
                 s.sendall(b"\n")
                 data = b""

@@ -1,8 +1,8 @@
 """The control socket: how ``ckptgw status``, ``flush``, ``wait`` and ``umount`` talk to a daemon.
 
-A Unix stream socket, mode 0600, in the cache directory (or in the runtime directory when that
-path is too long for a socket address). One request per connection, one JSON object per line
-each way::
+A Unix stream socket, mode 0600, in the cache directory (reached through ``/proc/self/fd`` of
+the directory when its path is too long for a socket address). One request per connection,
+one JSON object per line each way::
 
     -> {"version": 1, "op": "status"}
     <- {"version": 1, "ok": true, "result": {...}}
@@ -17,7 +17,6 @@ with an error that says so, so old daemons and new clients fail clearly. Handler
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -28,14 +27,12 @@ from typing import Any
 
 import trio
 
-from gateway import registry
-from gateway.protocol import PROTOCOL_VERSION
+from gateway.protocol import PROTOCOL_VERSION, socket_address
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST = 1 << 20
 REQUEST_TIMEOUT = 10.0
-_SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -44,12 +41,8 @@ class RequestError(Exception):
     """A request the daemon refuses; its message goes back to the client as is."""
 
 
-def socket_path(cache_dir: Path, mountpoint: Path) -> Path:
-    path = cache_dir / "control.sock"
-    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
-        return path
-    digest = hashlib.sha1(str(mountpoint).encode()).hexdigest()[:16]
-    return registry.runtime_dir() / f"{digest}.sock"
+def socket_path(cache_dir: Path) -> Path:
+    return cache_dir / "control.sock"
 
 
 class ControlServer:
@@ -63,7 +56,8 @@ class ControlServer:
             self.path.unlink()  # left by a daemon that died; the cache dir lock says it is ours
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            await sock.bind(str(self.path))
+            with socket_address(self.path) as address:
+                await sock.bind(address)
             os.chmod(self.path, 0o600)
             sock.listen(32)
         except BaseException:

@@ -171,7 +171,7 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
             pyfuse3.init(fs.operations, str(cfg.mountpoint), mount_options(cfg))
         except RuntimeError as e:
             raise UserError(f"cannot mount on {cfg.mountpoint}: {e}") from None
-        control = socket_path(cfg.cache_dir, cfg.mountpoint)
+        control = socket_path(cfg.cache_dir)
         registry.register(
             registry.Entry(
                 str(cfg.mountpoint), str(cfg.cache_dir), str(cfg.store), os.getpid(), str(control)

@@ -3,7 +3,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
 # The control socket's request/reply version (gateway/control.py serves it).
 PROTOCOL_VERSION = 1
 # The daemon writes one byte to this inherited fd once the mount is ready (``ckptgw mount``).
 READY_FD_ENV = "CKPTGW_READY_FD"
+
+_SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+
+
+@contextlib.contextmanager
+def socket_address(path: str | os.PathLike[str]) -> Iterator[str]:
+    """A name for the Unix socket ``path`` that fits in a socket address: the path itself, or,
+    when it is too long (a deep cache dir), the same file reached through ``/proc/self/fd`` of
+    its directory. The socket stays in the cache dir (0700) either way."""
+    p = Path(path)
+    if len(os.fsencode(p)) <= _SUN_PATH_MAX:
+        yield str(p)
+        return
+    fd = os.open(p.parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{p.name}"
+    finally:
+        os.close(fd)

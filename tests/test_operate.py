@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import threading
 import time
 import urllib.request
@@ -23,6 +24,7 @@ import jsonschema
 import pytest
 
 from gateway.client import NotDurable, wait_durable
+from gateway.harness import Gateway
 from gateway.registry import alive
 from tests.conftest import CheckedGateway, GatewayFactory, needs_fuse
 from tests.faultproxy import Fault, FaultProxy
@@ -456,3 +458,23 @@ def test_status_of_every_mount(gateway: GatewayFactory, runtime_dir: Path) -> No
         valid(m)
     text = a.cli("status").stdout
     assert str(a.mountpoint) in text and str(b.mountpoint) in text
+
+
+@pytest.mark.mount
+def test_control_socket_works_under_a_cache_dir_too_deep_for_a_socket_address(
+    tmp_path: Path,
+) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)  # cache_dir/control.sock is over 107 bytes
+    gw = Gateway(
+        tmp_path / "mnt",
+        deep / "cache",
+        f"file://{tmp_path / 'store'}",
+        env={"CKPTGW_RUNTIME_DIR": str(tmp_path / ("r" * 90))},
+    )
+    with gw:
+        sock = deep / "cache" / "control.sock"
+        assert len(os.fsencode(sock)) > 107
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o600  # in the cache dir, private
+        (gw.mountpoint / "a.pt").write_bytes(b"x")
+        gw.cli("flush", str(gw.mountpoint / "a.pt"), "--wait", "--timeout", "30")
+        assert gw.status()["dirty_bytes"] == 0
