@@ -228,7 +228,7 @@ class Bench:
                     ):
                         s[k].append(v)
                 if i < self.runs or not restore:
-                    (m).unlink()
+                    m.unlink()
                 self.delete("boto3/")
             if restore:  # the last run's object stays for the restore; it must be the save
                 head = self.s3.head_object(Bucket=BUCKET, Key=f"gw/size/step_{self.runs}/ckpt.pt")
@@ -301,26 +301,28 @@ class Bench:
             )
         )
 
-    # -- many small files ---------------------------------------------------------------------
+    # -- many files at once: a DCP save, several writer processes ----------------------------
 
-    def many_files(self, total: int, tensors: int) -> None:
-        say(f"\n## DCP save, {tensors} tensors ({mib(total)}): one file per tensor")
-        sd = {f"t{i}": torch.randn(total // 4 // tensors) for i in range(tensors)}
+    def save_rounds(self, name: str, save: Callable[[Path], float]) -> tuple[dict[str, Any], int]:
+        """Runs of a save that writes many files into a directory (``save`` returns its
+        seconds): to the disk, then boto3 uploads those files; to the mount, then until all of
+        them are in the bucket. The samples (without the warm-up) and the number of files."""
         s: dict[str, list[float]] = {"disk": [], "mount": [], "durable": [], "boto3": []}
         n = 0
         with self.node() as gw:
-            for i in range(self.runs + 1):
-                d = self.disk / f"dcp_{i}"
-                t_disk = timed(functools.partial(dcp_save, sd, d))
-                files = {f"boto3/dcp_{i}/{p.name}": p for p in d.iterdir()}
+            for i in range(self.runs + 1):  # the first round warms both up and is not counted
+                d = self.disk / f"{name}_{i}"
+                t_disk = save(d)
+                files = {f"boto3/{name}_{i}/{p.name}": p for p in d.iterdir()}
                 n = len(files)
                 up = self.boto3("upload", files)
                 shutil.rmtree(d)
-                m = gw.mountpoint / f"dcp/step_{i}"
-                t_mount = timed(functools.partial(dcp_save, sd, m))
+                m = gw.mountpoint / name / f"step_{i}"
+                t_mount = save(m)
                 t0 = time.perf_counter()
-                want = {f"gw/dcp/step_{i}/{p.name}": p.stat().st_size for p in m.iterdir()}
-                self.wait_in_bucket(want)
+                self.wait_in_bucket(
+                    {f"gw/{name}/step_{i}/{p.name}": p.stat().st_size for p in m.iterdir()}
+                )
                 t_durable = time.perf_counter() - t0
                 say(
                     f"  run {i}{' (warm-up)' if not i else ''}: {n} files, save disk "
@@ -328,31 +330,28 @@ class Bench:
                     f"boto3 upload {up['seconds']:6.2f} s"
                 )
                 if i:
-                    for k, v in (
-                        ("disk", t_disk),
-                        ("mount", t_mount),
-                        ("durable", t_durable),
-                        ("boto3", up["seconds"]),
-                    ):
+                    for k, v in zip(s, (t_disk, t_mount, t_durable, up["seconds"]), strict=True):
                         s[k].append(v)
                 shutil.rmtree(m)
                 self.delete("boto3/")
-        self.delete("gw/dcp/")
+        self.delete(f"gw/{name}/")
+        return s, n
+
+    def add_files_rows(self, what: str, x: str, s: dict[str, list[float]]) -> None:
         med = {k: statistics.median(v) for k, v in s.items()}
-        self.samples["dcp"] = {"files": n, "bytes": total, "samples": s}
         self.add(
-            Row("save stall (DCP)", f"{n} files", "disk", med["disk"], med["mount"], "s"),
-            Row(
-                "time to durable (DCP)",
-                f"{n} files",
-                "boto3 upload",
-                med["boto3"],
-                med["durable"],
-                "s",
-            ),
+            Row(f"save stall ({what})", x, "disk", med["disk"], med["mount"], "s"),
+            Row(f"time to durable ({what})", x, "boto3 upload", med["boto3"], med["durable"], "s"),
         )
 
-    # -- writers ------------------------------------------------------------------------------
+    def many_files(self, total: int, tensors: int) -> None:
+        say(f"\n## DCP save, {tensors} tensors ({mib(total)}): one file per tensor")
+        sd = {f"t{i}": torch.randn(total // 4 // tensors) for i in range(tensors)}
+        s, n = self.save_rounds(
+            "dcp", lambda target: timed(functools.partial(dcp_save, sd, target))
+        )
+        self.samples["dcp"] = {"files": n, "bytes": total, "samples": s}
+        self.add_files_rows("DCP", f"{n} files", s)
 
     def writers(self, n: int, shard: int) -> None:
         say(f"\n## {n} writer process(es), {mib(shard)} each, saving at once")
@@ -379,39 +378,12 @@ class Bench:
             ends = [float(p.stdout.readline()) for p in ranks if p.stdout is not None]
             return max(ends) - t0
 
-        s: dict[str, list[float]] = {"disk": [], "mount": [], "durable": [], "boto3": []}
         try:
             for p in ranks:
                 assert p.stdout is not None
                 if p.stdout.readline().strip() != "ready":
                     raise RuntimeError("a rank failed to start")
-            with self.node() as gw:
-                for i in range(self.runs + 1):
-                    d = self.disk / f"w_{i}"
-                    t_disk = save_all(d)
-                    up = self.boto3("upload", {f"boto3/w_{i}/{p.name}": p for p in d.iterdir()})
-                    shutil.rmtree(d)
-                    m = gw.mountpoint / f"w/step_{i}"
-                    t_mount = save_all(m)
-                    t0 = time.perf_counter()
-                    want = {f"gw/w/step_{i}/{p.name}": p.stat().st_size for p in m.iterdir()}
-                    self.wait_in_bucket(want)
-                    t_durable = time.perf_counter() - t0
-                    say(
-                        f"  run {i}{' (warm-up)' if not i else ''}: save disk {t_disk:6.2f} s, "
-                        f"mount {t_mount:6.2f} s; durable after {t_durable:6.2f} s, boto3 "
-                        f"upload {up['seconds']:6.2f} s"
-                    )
-                    if i:
-                        for k, v in (
-                            ("disk", t_disk),
-                            ("mount", t_mount),
-                            ("durable", t_durable),
-                            ("boto3", up["seconds"]),
-                        ):
-                            s[k].append(v)
-                    shutil.rmtree(m)
-                    self.delete("boto3/")
+            s, _ = self.save_rounds("w", save_all)
         finally:
             for p in ranks:
                 if p.stdin is not None:
@@ -422,20 +394,8 @@ class Bench:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        self.delete("gw/w/")
-        med = {k: statistics.median(v) for k, v in s.items()}
         self.samples[f"writers {n}"] = {"shard_bytes": shard, "samples": s}
-        self.add(
-            Row("save stall (writers)", str(n), "disk", med["disk"], med["mount"], "s"),
-            Row(
-                "time to durable (writers)",
-                str(n),
-                "boto3 upload",
-                med["boto3"],
-                med["durable"],
-                "s",
-            ),
-        )
+        self.add_files_rows("writers", str(n), s)
 
 
 def machine(workdir: Path) -> dict[str, Any]:

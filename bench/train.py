@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import sys
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from bench.workloads import save_atomic
 
 MARKER = "COMPLETE"
 STEP_DIR = re.compile(r"step_(\d+)$")
@@ -56,24 +57,6 @@ def batch(data: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         128, 8, generator=data
     )
     return x, target
-
-
-def fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def save_atomic(obj: object, path: Path) -> None:
-    """temp file, fsync, rename, fsync the directory: a checkpoint file survives any crash
-    whole or not at all."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    fsync_path(tmp)
-    os.rename(tmp, path)
-    fsync_path(path.parent, os.O_RDONLY | os.O_DIRECTORY)
 
 
 def latest(run: Path) -> Path | None:
