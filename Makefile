@@ -9,7 +9,7 @@ SYSPKGS := fuse3 libfuse3-dev pkg-config
 TESTPKGS := shellcheck
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench sysdeps testdeps apt venv clean
+.PHONY: demo test test-fast lint bench sysdeps testdeps apt venv clean
 
 sysdeps:
 	@$(MAKE) --no-print-directory apt PKGS="$(SYSPKGS)"
@@ -41,6 +41,12 @@ lint: venv
 
 test: venv testdeps lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The tests that need no FUSE mount, no S3 server and no torch (seconds; no lint). mount and
+# s3 are set by tests/conftest.py from the fixtures a test uses.
+FAST_MARKERS := not mount and not s3 and not torch
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "$(FAST_MARKERS)" $(PYTEST_ARGS)
 
 # STORE=s3://BUCKET[/PREFIX] (and ENDPOINT=URL for an S3-compatible server) runs it on S3.
 demo: venv

@@ -1,5 +1,5 @@
 """What the benchmarks write: a transformer-shaped training state, saved the way trainers save
-it (``torch.save`` + fsync + rename, or a DCP save of many files), and plain sequential writes."""
+it (``torch.save`` + fsync + rename, or a DCP save of many files)."""
 
 from __future__ import annotations
 
@@ -56,14 +56,3 @@ def dcp_save(state: dict[str, object], path: Path) -> int:
         fsync_path(p)
     fsync_path(path, os.O_RDONLY | os.O_DIRECTORY)
     return len(files)
-
-
-def sequential_write(path: Path, total: int, block: int = 4 << 20) -> None:
-    buf = os.urandom(block)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for _ in range(total // block):
-            os.write(fd, buf)
-        os.fsync(fd)
-    finally:
-        os.close(fd)

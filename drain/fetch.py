@@ -22,17 +22,17 @@ import errno
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 import xxhash
 
-from drain.retry import RetryPolicy, RetryStats, retrying
 from drain.store import NotFound, ObjectInfo, Stale, Store, StoreError
 from drain.upload import META_CHECKSUM
 from fsops.inodes import Inode, InodeTable, fs_error
 from fsops.journal import State
 from fsops.space import CacheSpace
+from fsops.state import FileStates
 from fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 class FetchConfig:
     chunk: int = 8 << 20
     parallel: int = 8  # ranged GETs in flight, over all files
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
     failed_for: float = 5.0  # a failed fetch answers reads with its error this long
 
 
@@ -50,7 +49,6 @@ class FetchConfig:
 class FetchStats:
     files: int = 0
     bytes: int = 0
-    checksum_failures: int = 0
 
 
 class _Fetch:
@@ -110,23 +108,25 @@ class _Fetch:
 
 
 class Fetcher:
+    """``store`` retries temporary errors itself (:class:`drain.retry.RetryingStore`)."""
+
     def __init__(
         self,
         table: InodeTable,
+        states: FileStates,
         space: CacheSpace,
         keys: StoreKeys,
         store: Store,
         config: FetchConfig,
-        stats: RetryStats,
     ) -> None:
         self.table = table
+        self.states = states
         self.journal = table.journal
         self.cache = table.cache
         self.space = space
         self.keys = keys
         self.store = store
         self.config = config
-        self.retry_stats = stats
         self.stats = FetchStats()
         self._active: dict[int, _Fetch] = {}
         self._limiter = trio.CapacityLimiter(config.parallel)
@@ -148,7 +148,7 @@ class Fetcher:
         if writable and flags & os.O_TRUNC and ino.id not in self._active:
             self.cache.create(ino.id)
             ino.size = 0
-            await self.table.ensure_dirty(ino)  # remote -> dirty: nothing to fetch
+            await self.states.mark_dirty(ino)  # remote -> dirty: nothing to fetch
             return
         if writable:
             await self.ensure_whole(ino)
@@ -183,13 +183,9 @@ class Fetcher:
         key = ino.stored_key
         if key is None:
             raise fs_error(errno.EIO)
-        deadline = time.monotonic() + 30
-        while key in self.journal.pending_keys() and time.monotonic() < deadline:
-            await trio.sleep(0.05)  # our own move of it is still under way
+        await self.keys.settled(key, 30)  # our own move of it may still be under way
         try:
-            info = await retrying(
-                f"HEAD {key}", lambda: self.store.head(key), self.config.retry, self.retry_stats
-            )
+            info = await self.store.head(key)
         except StoreError as e:
             log.warning("cannot open %s: %s", key, e)
             raise fs_error(errno.EIO) from None
@@ -203,7 +199,7 @@ class Fetcher:
             # Rewritten since the listing: the next listing gives the name a new inode.
             log.info("%s changed in the store since it was listed", info.key)
             raise fs_error(errno.ESTALE)
-        ino.checksum = info.metadata.get(META_CHECKSUM)
+        self.states.remote_checked(ino, info.metadata.get(META_CHECKSUM))
         mode, mtime = info.metadata.get("mode"), info.metadata.get("mtime-ns")
         try:
             if mode is not None:
@@ -288,12 +284,7 @@ class Fetcher:
         """Bytes [start, end) of the object, or None after failing the fetch."""
         try:
             async with self._limiter:
-                data: bytes = await retrying(
-                    f"GET {f.key} [{start}, {end})",
-                    lambda: self.store.get(f.key, start, end, etag=f.etag),
-                    self.config.retry,
-                    self.retry_stats,
-                )
+                data = await self.store.get(f.key, start, end, etag=f.etag)
         except Stale as e:
             log.warning("%s; reads of it fail with ESTALE until it is opened again", e)
             f.fail(errno.ESTALE)
@@ -335,7 +326,6 @@ class Fetcher:
         got = f.hasher.hexdigest()
         ino = f.ino
         if f.checksum is not None and got != f.checksum:
-            self.stats.checksum_failures += 1
             log.error(
                 "checksum mismatch in %s: the store's metadata says %s, the content is %s; "
                 "reads of it fail with EIO",
@@ -346,13 +336,7 @@ class Fetcher:
             f.fail(errno.EIO)
             return
         if ino.state is State.REMOTE and ino.stored_etag == f.etag:
-            ino.state = State.CLEAN
-            ino.checksum = got
-            ino.charged = ino.size
-            with self.journal.transaction():
-                self.journal.update_attrs(ino)
-            ino.attrs_dirty = False
-            self.table.on_clean()
+            self.states.fetched(ino, got)
         f.verified = True
         for e in f.arrived:
             e.set()

@@ -17,7 +17,7 @@ import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import trio
 import xxhash
@@ -30,6 +30,7 @@ _INTERNAL = ".ckptgw-"
 _PRIVATE = {f"{_INTERNAL}tmp", f"{_INTERNAL}uploads"}  # the store's own; not keys
 _TAGS = "user.ckptgw.tags"
 _XATTR = "user.ckptgw"
+_COPY_CHUNK = 8 << 20
 
 
 def _etag(st: os.stat_result) -> str:
@@ -173,20 +174,8 @@ class FileStore(Store):
         path = self._path(key)
         await self._run(f"TAG {key}", lambda: os.setxattr(path, _TAGS, json.dumps(tags).encode()))
 
-    async def get_tags(self, key: str) -> dict[str, str]:
-        path = self._path(key)
-
-        def go() -> dict[str, str]:
-            try:
-                return dict(json.loads(os.getxattr(path, _TAGS)))
-            except OSError as e:
-                if e.errno == errno.ENODATA:
-                    return {}
-                raise
-
-        return await self._run(f"TAGS {key}", go)
-
     async def copy(self, src: str, dst: str) -> str:
+        """A local copy of any size (``copy_limit`` is None): nothing is gained by parts."""
         s, d = self._path(src), self._path(dst)
 
         def go() -> str:
@@ -262,22 +251,62 @@ class FileStore(Store):
 
         return await self._run(f"CREATE-MULTIPART {key}", go)
 
+    def _stage_part(self, d: Path, what: str, number: int, fill: Callable[[BinaryIO], str]) -> str:
+        """Write part ``number`` of the upload in ``d`` through ``fill`` (which returns the
+        part's ETag), durably, replacing a part sent before with that number."""
+        if not d.is_dir():
+            raise NotFound(f"{what}: no such upload", "NoSuchUpload")
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        tmp = self._tmp / uuid.uuid4().hex
+        with open(tmp, "wb") as f:
+            etag = fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        name = f"part-{number:05}.{etag}"
+        os.rename(tmp, d / name)
+        for old in d.glob(f"part-{number:05}.*"):
+            if old.name != name:
+                old.unlink()
+        _fsync_dir(d)
+        return etag
+
     async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
-        d = self._upload_dir(upload_id)
+        d, what = self._upload_dir(upload_id), f"PART {number} of {key}"
 
-        def go() -> str:
-            if not d.is_dir():
-                raise NotFound(f"PART {number} of {key}: no such upload", "NoSuchUpload")
-            etag = xxhash.xxh3_128_hexdigest(data)
-            tmp = self._write_tmp([data])
-            os.rename(tmp, d / f"part-{number:05}.{etag}")
-            for old in d.glob(f"part-{number:05}.*"):  # a part sent again replaces the old one
-                if old.name != f"part-{number:05}.{etag}":
-                    old.unlink()
-            _fsync_dir(d)
-            return etag
+        def fill(f: BinaryIO) -> str:
+            f.write(data)
+            return xxhash.xxh3_128_hexdigest(data)
 
-        return await self._run(f"PART {number} of {key}", go)
+        return await self._run(what, lambda: self._stage_part(d, what, number, fill))
+
+    async def copy_part(
+        self,
+        src: str,
+        dst: str,
+        upload_id: str,
+        number: int,
+        start: int,
+        end: int,
+        *,
+        etag: str | None = None,
+    ) -> str:
+        d, s = self._upload_dir(upload_id), self._path(src)
+        what = f"COPY part {number} {src} -> {dst}"
+
+        def fill(f: BinaryIO) -> str:
+            digest = xxhash.xxh3_128()
+            with open(s, "rb") as source:
+                if etag is not None and _etag(os.fstat(source.fileno())) != etag:
+                    raise Stale(f"{what}: the object changed (ETag is no longer {etag})")
+                source.seek(start)
+                left = max(0, end - start)
+                while left and (chunk := source.read(min(left, _COPY_CHUNK))):
+                    f.write(chunk)
+                    digest.update(chunk)
+                    left -= len(chunk)
+            return digest.hexdigest()
+
+        return await self._run(what, lambda: self._stage_part(d, what, number, fill))
 
     async def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
         d = self._upload_dir(upload_id)

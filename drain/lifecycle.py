@@ -26,7 +26,6 @@ from typing import Any
 
 from drain.checkpoints import DURABLE, FileView, Recognizer
 from drain.retention import DELETE, TRANSITION, Candidate, Decision, Policy, plan
-from drain.retry import RetryPolicy, RetryStats, retrying
 from drain.store import Store
 from fsops.filesystem import Filesystem
 from fsops.journal import State
@@ -91,7 +90,6 @@ class Lifecycle:
         runs: list[RunPolicy],
         rules: BucketRules,
         local_files: Callable[[str], list[FileView]],
-        stats: RetryStats,
         recognizer: Recognizer | None = None,
     ) -> None:
         self.fs = fs
@@ -100,12 +98,7 @@ class Lifecycle:
         self.runs = runs
         self.rules = rules
         self.local_files = local_files  # durability of this node's files under a path
-        self.stats = stats
         self.recognizer = recognizer or Recognizer()
-        self.retry = RetryPolicy()
-
-    async def _call(self, what: str, call: Any) -> Any:
-        return await retrying(what, call, self.retry, self.stats)
 
     # -- pins --------------------------------------------------------------------------------------
 
@@ -118,13 +111,11 @@ class Lifecycle:
 
     async def pin(self, path: str) -> None:
         key = self._pin_key(path)
-        await self._call(
-            f"pin {path}", lambda: self.store.put(key, b"", {"pinned-at": str(time.time())})
-        )
+        await self.store.put(key, b"", {"pinned-at": str(time.time())})
 
     async def unpin(self, path: str) -> None:
         key = self._pin_key(path)
-        await self._call(f"unpin {path}", lambda: self.store.delete(key))
+        await self.store.delete(key)
 
     # -- planning ----------------------------------------------------------------------------------
 
@@ -211,10 +202,12 @@ class Lifecycle:
         }
 
     async def _delete(self, path: str, keys: list[str]) -> None:
-        await self._call(f"delete {path}", lambda: self.store.delete_many(keys))
+        await self.store.delete_many(keys)
+        for key in keys:  # a listing begun before the delete must not bring the names back
+            self.fs.keys.note_removed(key)
 
     async def _tag(self, key: str, storage_class: str) -> None:
-        await self._call(f"tag {key}", lambda: self.store.put_tags(key, {CLASS_TAG: storage_class}))
+        await self.store.put_tags(key, {CLASS_TAG: storage_class})
 
     def _forget_local(self, path: str, keys: set[str]) -> int:
         """Drop a deleted checkpoint from this node: its names, and its cache files (at once, or
@@ -277,9 +270,9 @@ class Lifecycle:
 
     async def bucket_rules(self, apply: bool) -> dict[str, Any]:
         """The bucket's rules with ours merged in (others' rules kept); applied if asked."""
-        current = await self._call("get lifecycle rules", self.store.get_lifecycle)
+        current = await self.store.get_lifecycle()
         others = [r for r in current if not str(r.get("ID", "")).startswith(RULE_PREFIX)]
         merged = others + self.our_rules()
         if apply:
-            await self._call("put lifecycle rules", lambda: self.store.put_lifecycle(merged))
+            await self.store.put_lifecycle(merged)
         return {"current": current, "proposed": merged, "applied": apply}

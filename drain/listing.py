@@ -15,7 +15,10 @@ journal transaction:
   keeps size and mtime of an inode it knows, so the same inode could not show the new size);
 * a remote or clean file whose object is gone was deleted by someone else: the name goes, unless
   the file is open, or the object is ours and newer than the listing, or a store operation of
-  ours is moving it.
+  ours is moving it;
+* an object or prefix this gateway is deleting or moving away (a pending store operation), or
+  deleted after the listing started (a tombstone in :class:`fsops.storekeys.StoreKeys`), is
+  not brought back: the listing is older than the delete.
 
 A failed listing is logged and the local view served; it is tried again after ``ttl``.
 """
@@ -25,15 +28,15 @@ from __future__ import annotations
 import logging
 import stat
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
-from drain.retry import RetryPolicy, RetryStats, retrying
 from drain.store import Listing, ObjectInfo, Store, StoreError
 from fsops.inodes import Inode, InodeTable
 from fsops.journal import ROOT_INODE, InodeRow, State
-from fsops.names import RESERVED, KeyRules
+from fsops.names import RESERVED
+from fsops.state import FileStates
 from fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
@@ -42,26 +45,26 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ListingConfig:
     ttl: float = 5.0
-    retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(attempts=3, base=0.05, cap=1))
 
 
 class Listings:
+    """``store`` retries temporary errors itself (:class:`drain.retry.RetryingStore`); a
+    listing is on the path of a lookup, so it should be given few attempts."""
+
     def __init__(
         self,
         table: InodeTable,
+        states: FileStates,
         keys: StoreKeys,
-        rules: KeyRules,
         store: Store,
         config: ListingConfig,
-        stats: RetryStats,
     ) -> None:
         self.table = table
         self.journal = table.journal
+        self.states = states
         self.keys = keys
-        self.rules = rules
         self.store = store
         self.config = config
-        self.stats = stats
         self._listed: dict[int, float] = {}  # directory inode -> when its last listing started
         self._inflight: dict[int, trio.Event] = {}
         self._failing = False
@@ -92,12 +95,7 @@ class Listings:
 
     async def _list(self, prefix: str) -> Listing | None:
         try:
-            listing = await retrying(
-                f"list {prefix or '/'}",
-                lambda: self.store.list_dir(prefix),
-                self.config.retry,
-                self.stats,
-            )
+            listing = await self.store.list_dir(prefix)
         except StoreError as e:
             if not self._failing:
                 log.warning("cannot list the store (%s); showing the local view only", e)
@@ -120,12 +118,12 @@ class Listings:
                 name = self._name(o.key[len(prefix) :])
                 if name is not None and not (root and name.startswith(RESERVED)):
                     seen.add(name)
-                    freed += self._file(d, name, o, pending)
+                    freed += self._file(d, name, o, pending, started)
             for p in listing.dirs:
                 name = self._name(p[len(prefix) : -1])
                 if name is not None and not (root and name.startswith(RESERVED)):
                     seen.add(name)
-                    self._dir(d, name)
+                    self._dir(d, name, p, pending, started)
             after = 0
             while batch := self.journal.children(d.id, after, 1024):
                 for row in batch:
@@ -147,6 +145,16 @@ class Listings:
     def _in_use(row: InodeRow) -> bool:
         return isinstance(row, Inode) and bool(row.opens or row.pins or row.fd >= 0)
 
+    def _gone(self, key: str, pending: set[str], started: float) -> bool:
+        """Whether we are deleting ``key`` (or moving it away), or deleted it after the
+        listing started: then the listing is older than the delete."""
+        if key.endswith("/"):
+            if any(k.startswith(key) for k in pending):
+                return True
+        elif key in pending:
+            return True
+        return self.keys.removed_since(key, started)
+
     def _new_row(self, d: Inode, name: bytes, mode: int, size: int, mtime_ns: int) -> InodeRow:
         return InodeRow(
             id=0,
@@ -164,14 +172,15 @@ class Listings:
             generation=1,
         )
 
-    def _file(self, d: Inode, name: bytes, o: ObjectInfo, pending: set[str]) -> list[int]:
+    def _file(
+        self, d: Inode, name: bytes, o: ObjectInfo, pending: set[str], started: float
+    ) -> list[int]:
         mtime_ns = int(o.mtime * 1e9)
         found = self.journal.lookup(d.id, name)
         if found is None:
-            row = self._new_row(d, name, stat.S_IFREG | 0o644, o.size, mtime_ns)
-            row.id = self.journal.insert(row)
-            row.stored_key, row.stored_etag = o.key, o.etag
-            self.journal.update_attrs(row)
+            if not self._gone(o.key, pending, started):
+                row = self._new_row(d, name, stat.S_IFREG | 0o644, o.size, mtime_ns)
+                self.states.insert_listed(row, o.key, o.etag)
             return []
         row = self.table.current(found)
         if not stat.S_ISREG(row.mode) or row.state not in (State.CLEAN, State.REMOTE):
@@ -185,14 +194,11 @@ class Listings:
         # inode it knows; an old inode still looked up lives on as an orphan until forgotten.
         log.info("%s changed in the store; the cached copy is dropped", o.key)
         freed = self.table.unlink(self.table.adopt(row))
-        new = self._new_row(d, name, row.mode, o.size, mtime_ns)
-        new.id = self.journal.insert(new)
-        new.stored_key, new.stored_etag = o.key, o.etag
-        self.journal.update_attrs(new)
+        self.states.insert_listed(self._new_row(d, name, row.mode, o.size, mtime_ns), o.key, o.etag)
         return [row.id] if freed and row.state is State.CLEAN else []
 
-    def _dir(self, d: Inode, name: bytes) -> None:
-        if self.journal.lookup(d.id, name) is None:
+    def _dir(self, d: Inode, name: bytes, key: str, pending: set[str], started: float) -> None:
+        if self.journal.lookup(d.id, name) is None and not self._gone(key, pending, started):
             now = time.time_ns()
             self.journal.insert(self._new_row(d, name, stat.S_IFDIR | 0o755, 0, now))
 

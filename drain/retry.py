@@ -3,8 +3,14 @@
 Temporary errors (503 SlowDown, 500, throttling, connection resets, timeouts) are retried with
 exponential backoff and full jitter, never sooner than a ``Retry-After`` the server sent, up to
 ``attempts`` tries; then the last error is raised. Permanent errors (403, a missing bucket, a
-bad request) are raised at once: retrying cannot fix them, and the caller keeps the data dirty
-and tries again later (e.g. after the credentials were refreshed).
+bad request, :class:`~drain.store.NotFound`, :class:`~drain.store.Stale`) are raised at once:
+retrying cannot fix them, and the caller keeps the data dirty and tries again later (e.g.
+after the credentials were refreshed).
+
+:class:`RetryingStore` is how the rest of the drain talks to a store: it wraps one and sends
+every call through :func:`retrying`, so no call site can forget. It is also where calls are
+composed: a copy above the store's ``copy_limit`` is a multipart upload of server-side part
+copies, each step retried on its own.
 """
 
 from __future__ import annotations
@@ -12,17 +18,18 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
-from drain.store import StoreError
+from drain.store import MAX_PART, Listing, NotFound, ObjectInfo, Store, StoreError, Upload
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _JITTER = random.Random()
+ABORT_TIMEOUT = 30.0  # seconds an abort of a failed multipart copy may take, cancelled or not
 
 
 @dataclass(frozen=True)
@@ -45,8 +52,37 @@ class RetryStats:
         """Count one failed store call (retried or not)."""
         kind = e.code or ("temporary" if e.temporary else "permanent")
         self.errors[kind] = self.errors.get(kind, 0) + 1
-        self.last_error = f"{what}: {e}" if what and not str(e).startswith(what) else str(e)
+        said = str(e)
+        self.last_error = f"{what}: {said}" if what and not _names(said, what) else said
         self.last_error_at = time.time()
+
+
+def _names(message: str, what: str) -> bool:
+    """Whether an error message already starts with the call's label ("PUT k" for "put k")."""
+    return message.lower().startswith(what.lower())
+
+
+async def _may_retry(
+    what: str,
+    e: StoreError,
+    attempt: int,
+    policy: RetryPolicy,
+    stats: RetryStats | None,
+    rng: random.Random,
+) -> bool:
+    """Count a failed attempt; False if it must be raised, else wait out the backoff."""
+    if stats is not None:
+        stats.failed(what, e)
+    if not e.temporary or attempt >= policy.attempts:
+        return False
+    delay = rng.uniform(0, min(policy.cap, policy.base * 2 ** (attempt - 1)))
+    if e.retry_after is not None:
+        delay = max(delay, min(e.retry_after, policy.cap))
+    if stats is not None:
+        stats.retries += 1
+    log.info("%s: %s; retry %d in %.2f s", what, e, attempt, delay)
+    await trio.sleep(delay)
+    return True
 
 
 async def retrying(
@@ -62,15 +98,212 @@ async def retrying(
         try:
             return await call()
         except StoreError as e:
-            if stats is not None:
-                stats.failed(what, e)
-            if not e.temporary or attempt == policy.attempts:
+            if not await _may_retry(what, e, attempt, policy, stats, rng):
                 raise
-            delay = rng.uniform(0, min(policy.cap, policy.base * 2 ** (attempt - 1)))
-            if e.retry_after is not None:
-                delay = max(delay, min(e.retry_after, policy.cap))
-            if stats is not None:
-                stats.retries += 1
-            log.info("%s: %s; retry %d in %.2f s", what, e, attempt, delay)
-            await trio.sleep(delay)
-    raise AssertionError("unreachable")
+    raise AssertionError("a retry policy needs at least one attempt")
+
+
+class RetryingStore(Store):
+    """A store whose every call is retried under one policy, failures counted in one stats.
+
+    It holds no state of its own beyond the policy: views with other policies
+    (:meth:`with_policy`) share the inner store and the stats. Listings restart after a
+    temporary error and never yield an item twice. :meth:`copy` is the only place that
+    copies part by part (objects above the inner store's ``copy_limit``), so its own
+    ``copy_limit`` is None: its ``copy`` takes any size.
+    """
+
+    def __init__(self, inner: Store, policy: RetryPolicy, stats: RetryStats) -> None:
+        if isinstance(inner, RetryingStore):  # attempts would multiply
+            raise TypeError("the store already retries: use with_policy() for another policy")
+        self.inner = inner
+        self.policy = policy
+        self.stats = stats
+        self.url = inner.url
+
+    def with_policy(self, policy: RetryPolicy) -> RetryingStore:
+        """The same store and stats, retried under ``policy`` (e.g. fewer attempts for a
+        listing a user waits for)."""
+        return RetryingStore(self.inner, policy, self.stats)
+
+    async def _retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        return await retrying(what, call, self.policy, self.stats)
+
+    async def check(self) -> None:
+        await self._retry(f"checking the store {self.url}", self.inner.check)
+
+    async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
+        return await self._retry(f"put {key}", lambda: self.inner.put(key, data, metadata))
+
+    async def get(
+        self, key: str, start: int = 0, end: int | None = None, *, etag: str | None = None
+    ) -> bytes:
+        span = f" [{start}, {'end' if end is None else end})" if start or end is not None else ""
+        return await self._retry(
+            f"GET {key}{span}", lambda: self.inner.get(key, start, end, etag=etag)
+        )
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        return await self._retry(f"HEAD {key}", lambda: self.inner.head(key))
+
+    async def delete(self, key: str) -> None:
+        await self._retry(f"delete {key}", lambda: self.inner.delete(key))
+
+    async def delete_many(self, keys: list[str]) -> None:
+        what = f"delete {len(keys)} objects" + (f" from {keys[0]}" if keys else "")
+        await self._retry(what, lambda: self.inner.delete_many(keys))
+
+    async def put_tags(self, key: str, tags: dict[str, str]) -> None:
+        await self._retry(f"tag {key}", lambda: self.inner.put_tags(key, tags))
+
+    async def get_lifecycle(self) -> list[dict[str, Any]]:
+        return await self._retry("get lifecycle rules", self.inner.get_lifecycle)
+
+    async def put_lifecycle(self, rules: list[dict[str, Any]]) -> None:
+        await self._retry("put lifecycle rules", lambda: self.inner.put_lifecycle(rules))
+
+    async def list_dir(self, prefix: str) -> Listing:
+        return await self._retry(f"list {prefix}", lambda: self.inner.list_dir(prefix))
+
+    # -- copies ------------------------------------------------------------------------------------
+
+    async def copy(self, src: str, dst: str) -> str:
+        """Server-side copy of any size, metadata included; returns the new object's ETag.
+
+        Up to the inner store's ``copy_limit`` (S3: 5 GiB) it is one retried ``copy``. Above
+        it, a multipart upload: each part is a ``copy_part`` of the source pinned to the ETag
+        its HEAD returned (a source rewritten meanwhile raises Stale instead of mixing two
+        versions), and create, every part and complete are retried one by one, so a
+        temporary error costs one part, not the whole copy. Any failure, cancellation
+        included, aborts the upload under a shielded scope of at most ``ABORT_TIMEOUT``.
+        """
+        what = f"copy {src} -> {dst}"
+        limit = self.inner.copy_limit
+        if limit is None:
+            return await self._retry(what, lambda: self.inner.copy(src, dst))
+        info = await self.head(src)
+        if info is None:
+            raise NotFound(f"{what}: source not found")
+        if info.size <= limit:
+            return await self._retry(what, lambda: self.inner.copy(src, dst))
+        return await self._copy_in_parts(info, dst, min(limit, MAX_PART))
+
+    async def _copy_in_parts(self, src: ObjectInfo, dst: str, part: int) -> str:
+        upload_id = await self.create_multipart(dst, src.metadata)
+        try:
+            etags = []
+            for n, start in enumerate(range(0, src.size, part), 1):
+                end = min(src.size, start + part)
+                etags.append(
+                    await self.copy_part(src.key, dst, upload_id, n, start, end, etag=src.etag)
+                )
+            return await self.complete_multipart(dst, upload_id, etags)
+        except BaseException:
+            with trio.CancelScope(shield=True), trio.move_on_after(ABORT_TIMEOUT):
+                try:
+                    await self.abort_multipart(dst, upload_id)
+                except StoreError as e:  # the orphan sweep at the next start gets it
+                    log.warning("could not abort the copy to %s: %s", dst, e)
+            raise
+
+    async def copy_part(
+        self,
+        src: str,
+        dst: str,
+        upload_id: str,
+        number: int,
+        start: int,
+        end: int,
+        *,
+        etag: str | None = None,
+    ) -> str:
+        return await self._retry(
+            f"part {number} of {dst} (copy of {src} [{start}, {end}))",
+            lambda: self.inner.copy_part(src, dst, upload_id, number, start, end, etag=etag),
+        )
+
+    # -- multipart ---------------------------------------------------------------------------------
+
+    async def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+        return await self._retry(
+            f"create upload of {key}", lambda: self.inner.create_multipart(key, metadata)
+        )
+
+    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+        return await self._retry(
+            f"part {number} of {key}",
+            lambda: self.inner.upload_part(key, upload_id, number, data),
+        )
+
+    async def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
+        return await self._retry(
+            f"list parts of {key}", lambda: self.inner.list_parts(key, upload_id)
+        )
+
+    async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> str:
+        return await self._retry(
+            f"complete {key}", lambda: self.inner.complete_multipart(key, upload_id, etags)
+        )
+
+    async def abort_multipart(self, key: str, upload_id: str) -> None:
+        await self._retry(
+            f"abort upload of {key}", lambda: self.inner.abort_multipart(key, upload_id)
+        )
+
+    # -- listings ----------------------------------------------------------------------------------
+
+    async def iter_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        """The inner listing; after a temporary error it starts again and skips every key up
+        to the last one yielded, so keys stay in order and none comes twice."""
+        last: str | None = None
+
+        def fresh(o: ObjectInfo) -> bool:
+            nonlocal last
+            if last is not None and o.key <= last:
+                return False
+            last = o.key
+            return True
+
+        async for o in self._relisting(f"list {prefix}", self.inner.iter_objects, prefix, fresh):
+            yield o
+
+    async def iter_uploads(self, prefix: str) -> AsyncIterator[Upload]:
+        """The inner listing; after a temporary error it starts again and skips the uploads
+        already yielded."""
+        seen: set[tuple[str, str]] = set()
+
+        def fresh(u: Upload) -> bool:
+            if (u.key, u.upload_id) in seen:
+                return False
+            seen.add((u.key, u.upload_id))
+            return True
+
+        what = f"list uploads under {prefix}"
+        async for u in self._relisting(what, self.inner.iter_uploads, prefix, fresh):
+            yield u
+
+    async def _relisting(
+        self,
+        what: str,
+        listing: Callable[[str], AsyncIterator[T]],
+        prefix: str,
+        fresh: Callable[[T], bool],
+    ) -> AsyncIterator[T]:
+        """Items of ``listing(prefix)`` that ``fresh`` lets through, the listing restarted
+        after each temporary error, within the policy's attempts (restarts count, progress
+        does not earn more)."""
+        for attempt in range(1, self.policy.attempts + 1):
+            items = listing(prefix)
+            try:
+                async for item in items:
+                    if fresh(item):
+                        yield item
+                return
+            except StoreError as e:
+                if not await _may_retry(what, e, attempt, self.policy, self.stats, _JITTER):
+                    raise
+            finally:
+                aclose = getattr(items, "aclose", None)
+                if aclose is not None:  # a listing left early (or failed) ends here, not at GC
+                    await aclose()
+        raise AssertionError("a retry policy needs at least one attempt")

@@ -32,7 +32,7 @@ from aiobotocore.httpxsession import HttpxSession
 from aiobotocore.session import get_session
 
 from drain.store import (
-    MAX_PART,
+    MAX_COPY,
     Listing,
     NotFound,
     ObjectInfo,
@@ -114,6 +114,8 @@ def translate(e: BaseException, what: str) -> StoreError:
         retry_after = _retry_after(headers.get("retry-after"))
         if code in ("NoSuchKey", "NoSuchUpload") or (status == 404 and code in ("404", "")):
             return NotFound(f"{what}: not found", code or "NoSuchKey")
+        if code in ("PreconditionFailed", "412") or status == 412:  # If-Match: a new version
+            return Stale(f"{what}: the object changed (it no longer has the ETag asked for)")
         if code == "NoSuchBucket":
             return StoreError(f"{what}: the bucket does not exist", temporary=False, code=code)
         if code in _CREDENTIAL_CODES:
@@ -208,6 +210,8 @@ class LoopThread:
 
 
 class S3Store(Store):
+    copy_limit = MAX_COPY
+
     def __init__(self, url: StoreURL, client: Any, loop: LoopThread) -> None:
         self.url = str(url)
         self.bucket = url.bucket
@@ -305,13 +309,7 @@ class S3Store(Store):
             async with r["Body"] as body:
                 return bytes(await body.read())
 
-        what = f"GET {key}"
-        try:
-            return await self._run(what, fetch)
-        except StoreError as e:
-            if e.code in ("PreconditionFailed", "412"):
-                raise Stale(f"{what}: the object changed (ETag is no longer {etag})") from None
-            raise
+        return await self._run(f"GET {key}", fetch)
 
     async def head(self, key: str) -> ObjectInfo | None:
         try:
@@ -352,10 +350,6 @@ class S3Store(Store):
         tagset = [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
         await self._call(f"TAG {key}", "put_object_tagging", Key=key, Tagging={"TagSet": tagset})
 
-    async def get_tags(self, key: str) -> dict[str, str]:
-        r = await self._call(f"TAGS {key}", "get_object_tagging", Key=key)
-        return {t["Key"]: t["Value"] for t in r.get("TagSet", [])}
-
     async def get_lifecycle(self) -> list[dict[str, Any]]:
         try:
             r = await self._call("GET lifecycle", "get_bucket_lifecycle_configuration")
@@ -376,40 +370,39 @@ class S3Store(Store):
         )
 
     async def copy(self, src: str, dst: str) -> str:
-        info = await self.head(src)
-        if info is None:
-            raise NotFound(f"COPY {src} -> {dst}: source not found")
-        source = {"Bucket": self.bucket, "Key": src}
-        if info.size <= MAX_PART:
-            r = await self._call(
-                f"COPY {src} -> {dst}",
-                "copy_object",
-                Key=dst,
-                CopySource=source,
-                MetadataDirective="COPY",
-            )
-            return str(r["CopyObjectResult"]["ETag"])
-        # Above 5 GiB a single copy is refused: copy part by part on the server.
-        upload_id = await self.create_multipart(dst, info.metadata)
-        try:
-            etags = []
-            for n, start in enumerate(range(0, info.size, MAX_PART), 1):
-                end = min(info.size, start + MAX_PART) - 1
-                r = await self._call(
-                    f"COPY part {n} {src} -> {dst}",
-                    "upload_part_copy",
-                    Key=dst,
-                    UploadId=upload_id,
-                    PartNumber=n,
-                    CopySource=source,
-                    CopySourceRange=f"bytes={start}-{end}",
-                )
-                etags.append(str(r["CopyPartResult"]["ETag"]))
-            return await self.complete_multipart(dst, upload_id, etags)
-        except BaseException:
-            with contextlib.suppress(StoreError):
-                await self.abort_multipart(dst, upload_id)
-            raise
+        """One CopyObject (S3 refuses it above ``copy_limit``, 5 GiB: bigger objects are
+        copied by :meth:`drain.retry.RetryingStore.copy`, part by part with ``copy_part``)."""
+        r = await self._call(
+            f"COPY {src} -> {dst}",
+            "copy_object",
+            Key=dst,
+            CopySource={"Bucket": self.bucket, "Key": src},
+            MetadataDirective="COPY",
+        )
+        return str(r["CopyObjectResult"]["ETag"])
+
+    async def copy_part(
+        self,
+        src: str,
+        dst: str,
+        upload_id: str,
+        number: int,
+        start: int,
+        end: int,
+        *,
+        etag: str | None = None,
+    ) -> str:
+        kwargs: dict[str, Any] = {
+            "Key": dst,
+            "UploadId": upload_id,
+            "PartNumber": number,
+            "CopySource": {"Bucket": self.bucket, "Key": src},
+            "CopySourceRange": f"bytes={start}-{end - 1}",
+        }
+        if etag is not None:
+            kwargs["CopySourceIfMatch"] = etag
+        r = await self._call(f"COPY part {number} {src} -> {dst}", "upload_part_copy", **kwargs)
+        return str(r["CopyPartResult"]["ETag"])
 
     async def iter_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
         token: str | None = None

@@ -3,8 +3,12 @@
 Two implementations: :class:`drain.s3store.S3Store` (S3 and S3-compatible stores) and
 :class:`drain.filestore.FileStore` (a directory). Every call raises :class:`StoreError` and
 nothing else, already classified as temporary (worth retrying) or permanent (needs someone to
-fix something: credentials, the bucket, the request). Retrying is not the store's job: all
-retries live in :mod:`drain.retry`.
+fix something: credentials, the bucket, the request).
+
+Each call is one request (a listing: one per page, a ``delete_many``: one per 1,000 keys), so
+that a retry repeats as little as possible. Retrying and composing calls is not the store's
+job: :class:`drain.retry.RetryingStore` wraps a store and does both (a copy above
+``copy_limit`` becomes a multipart upload of ``copy_part`` calls there, each retried alone).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ MIN_PART = 5 << 20  # S3: every part but the last
 MAX_PART = 5 << 30
 MAX_PARTS = 10_000
 MAX_OBJECT = 5 << 40
+MAX_COPY = 5 << 30  # S3: the largest CopyObject, and the largest UploadPartCopy
 
 
 class StoreError(Exception):
@@ -77,6 +82,10 @@ class Store(abc.ABC):
     """Keys are full object keys (the store URL's prefix already applied)."""
 
     url: str
+    #: The largest object ``copy`` copies (in one request); None: any size. Bigger objects
+    #: are copied part by part with ``copy_part``, which :class:`drain.retry.RetryingStore`
+    #: does.
+    copy_limit: int | None = None
 
     @abc.abstractmethod
     async def check(self) -> None:
@@ -102,7 +111,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def copy(self, src: str, dst: str) -> str:
-        """Server-side copy, metadata included; returns the new object's ETag."""
+        """Server-side copy, metadata included, of an object up to ``copy_limit``; returns the
+        new object's ETag. NotFound if there is no ``src``."""
 
     @abc.abstractmethod
     def iter_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
@@ -121,9 +131,6 @@ class Store(abc.ABC):
     async def put_tags(self, key: str, tags: dict[str, str]) -> None:
         """Replace an object's tags (S3 object tagging)."""
 
-    @abc.abstractmethod
-    async def get_tags(self, key: str) -> dict[str, str]: ...
-
     async def get_lifecycle(self) -> list[dict[str, Any]]:
         """The bucket's lifecycle rules (S3's JSON shape); [] when there are none."""
         raise StoreError(f"{self.url}: lifecycle rules need an S3 store", temporary=False)
@@ -140,6 +147,22 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
         """Upload part ``number`` (1-based); returns its ETag."""
+
+    @abc.abstractmethod
+    async def copy_part(
+        self,
+        src: str,
+        dst: str,
+        upload_id: str,
+        number: int,
+        start: int,
+        end: int,
+        *,
+        etag: str | None = None,
+    ) -> str:
+        """Make bytes [start, end) of object ``src`` part ``number`` of upload ``upload_id``
+        (to ``dst``), copied inside the store; returns the part's ETag. NotFound if ``src`` or
+        the upload is gone; Stale if ``etag`` is given and ``src`` no longer has it."""
 
     @abc.abstractmethod
     async def list_parts(self, key: str, upload_id: str) -> dict[int, str]:

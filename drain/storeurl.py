@@ -42,14 +42,26 @@ def parse_store_url(text: str) -> StoreURL:
             raise StoreURLError(f"bad store URL {text!r}: {bucket!r} is not a valid bucket name")
         if parts.query or parts.fragment:
             raise StoreURLError(f"bad store URL {text!r}: {expected}")
-        prefix = parts.path.strip("/")
-        if "//" in prefix:
-            raise StoreURLError(f"bad store URL {text!r}: empty path component in the prefix")
-        prefix = prefix + "/" if prefix else ""
+        # One "/" may end the prefix; any other empty component ("s3://b//p", "p//q", "p//")
+        # would be part of every key (S3 keys are not paths), so it is refused, not dropped.
+        path = parts.path.removeprefix("/")
+        components = path.split("/") if path else []
+        if components and components[-1] == "":
+            components.pop()
+        path = "/".join(components)
+        if "" in components:
+            fixed = "/".join(c for c in components if c)
+            raise StoreURLError(
+                f"bad store URL {text!r}: empty path component (//) in the key prefix; "
+                f"write s3://{bucket}{'/' if fixed else ''}{fixed}"
+            )
+        prefix = path + "/" if path else ""
         return StoreURL("s3", bucket, prefix, f"s3://{bucket}/{prefix}")
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
             raise StoreURLError(f"bad store URL {text!r}: {expected}")
-        path = "/" + parts.path.strip("/")
+        # A directory: "//" means "/" to the kernel, so it is normalised away (one spelling
+        # per store, which is what the cache dir's binding to its store compares).
+        path = "/" + "/".join(c for c in parts.path.split("/") if c)
         return StoreURL("file", "", path, f"file://{path}")
     raise StoreURLError(f"bad store URL {text!r}: {expected}")

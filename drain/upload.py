@@ -16,29 +16,31 @@ import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 import xxhash
 
 from drain.progress import DrainStats, UploadProgress
-from drain.retry import RetryPolicy, RetryStats, retrying
 from drain.store import NotFound, Store, StoreError, part_size_for
 from fsops.inodes import Inode, InodeTable
-from fsops.journal import State, UploadRow
+from fsops.journal import UploadRow
+from fsops.state import FileStates
 from fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
 
 META_CHECKSUM = "xxh3-128"
 HASH_CHUNK = 8 << 20
+# Seconds a CreateMultipartUpload may hold off a cancel (a change, an unmount) so that its id
+# is journaled; past this the answer is given up and the upload left to the orphan sweep.
+CREATE_TIMEOUT = 15.0
 
 
 @dataclass(frozen=True)
 class UploadConfig:
     multipart_threshold: int = 16 << 20
     part_size: int = 16 << 20
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 class Changed(Exception):
@@ -86,55 +88,57 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 
 
 class Uploader:
+    """Uploads files the engine has taken (``uploading``). ``store`` retries temporary errors
+    itself (:class:`drain.retry.RetryingStore`)."""
+
     def __init__(
         self,
         table: InodeTable,
+        states: FileStates,
         keys: StoreKeys,
         store: Store,
         config: UploadConfig,
         parts_limiter: trio.CapacityLimiter,
-        stats: RetryStats,
         drained: DrainStats | None = None,
     ) -> None:
         self.table = table
         self.journal = table.journal
+        self.states = states
         self.keys = keys
         self.store = store
         self.config = config
         self.parts_limiter = parts_limiter
-        self.stats = stats
         self.drained = drained if drained is not None else DrainStats()
+        # Uploads this gateway made, for the orphan sweep: ids, and keys whose upload is being
+        # created (the store has it before we know its id).
+        self.created: set[str] = set()
+        self.creating: set[str] = set()
 
     async def _send(
-        self, progress: UploadProgress, nbytes: int, what: str, call: Callable[[], Awaitable[str]]
+        self, progress: UploadProgress, nbytes: int, call: Callable[[], Awaitable[str]]
     ) -> str:
-        """One part or single PUT, retried, timed and counted."""
+        """One part or single PUT, timed and counted."""
         t0 = trio.current_time()
-        result = await retrying(what, call, self.config.retry, self.stats)
+        result = await call()
         self.drained.part_seconds.observe(trio.current_time() - t0)
         self.drained.bytes += nbytes
         progress.sent += nbytes
         return result
 
-    async def _retry(self, what: str, call):  # type: ignore[no-untyped-def]
-        return await retrying(what, call, self.config.retry, self.stats)
-
-    async def upload(self, ino: Inode, progress: UploadProgress | None = None) -> None:
-        """Upload ``ino`` and mark it clean if it did not change meanwhile.
+    async def upload(self, ino: Inode, generation: int, key: str, progress: UploadProgress) -> bool:
+        """Upload ``generation`` of ``ino`` (taken by the engine: ``uploading``) to ``key``;
+        returns whether the file is clean now.
 
         Raises StoreError (the file stays dirty) or Changed. Cancellation keeps the journal's
         upload record, so the next attempt (or the next mount) resumes it."""
-        gen, size = ino.generation, ino.size
-        key = self.keys.key_of(ino.id)
-        if progress is None:
-            progress = UploadProgress(ino.id, key)
+        size = ino.size
         progress.size = size
         fd = self.table.cache.open(ino.id)
         try:
             record = self.journal.get_upload(ino.id)
             resumable = (
                 record is not None
-                and record.generation == gen
+                and record.generation == generation
                 and record.key == key
                 and record.size == size
             )
@@ -150,9 +154,8 @@ class Uploader:
                     size,
                     trio.current_time() - t0,
                 )
-                if ino.generation != gen:
-                    raise Changed("written while being hashed")
-                record = UploadRow(ino.id, gen, key, None, 0, size, checksum)
+                _check(ino, generation)
+                record = UploadRow(ino.id, generation, key, None, 0, size, checksum)
             meta = {
                 META_CHECKSUM: record.checksum,
                 "size": str(size),
@@ -165,8 +168,9 @@ class Uploader:
                 etag = await self._multipart(ino, fd, record, meta, progress)
         finally:
             os.close(fd)
-        self._finish(ino, record, etag)
+        clean = self._finish(ino, record, etag)
         self.drained.files += 1
+        return clean
 
     async def _single(
         self,
@@ -176,17 +180,10 @@ class Uploader:
         meta: dict[str, str],
         progress: UploadProgress,
     ) -> str:
-        self._begin(ino, record)
+        self._begin(record)
         data = await trio.to_thread.run_sync(_read, fd, record.size, 0)
-        if ino.generation != record.generation:
-            raise Changed("written during the upload")
-        result: str = await self._send(
-            progress,
-            len(data),
-            f"upload {record.key}",
-            lambda: self.store.put(record.key, data, meta),
-        )
-        return result
+        _check(ino, record.generation)
+        return await self._send(progress, len(data), lambda: self.store.put(record.key, data, meta))
 
     async def _multipart(
         self,
@@ -199,10 +196,7 @@ class Uploader:
         done: dict[int, str] = {}
         if record.upload_id is not None:
             try:
-                listed = await self._retry(
-                    f"list parts of {record.key}",
-                    lambda: self.store.list_parts(record.key, record.upload_id or ""),
-                )
+                listed = await self.store.list_parts(record.key, record.upload_id)
             except NotFound:
                 listed = None
             if listed is None:
@@ -214,11 +208,21 @@ class Uploader:
                 log.info("resuming upload of %s: %d parts already there", record.key, len(done))
         if record.upload_id is None:
             record.part_size = part_size_for(record.size, self.config.part_size)
-            record.upload_id = await self._retry(
-                f"create upload of {record.key}",
-                lambda: self.store.create_multipart(record.key, meta),
-            )
-        self._begin(ino, record)
+            # Shielded: once the store has made the upload, we must learn its id and journal
+            # it, or nothing would ever abort it (a cancel now would lose the answer).
+            self.creating.add(record.key)
+            try:
+                with trio.CancelScope(shield=True) as scope:
+                    scope.deadline = trio.current_time() + CREATE_TIMEOUT
+                    record.upload_id = await self.store.create_multipart(record.key, meta)
+            finally:
+                self.creating.discard(record.key)
+            if record.upload_id is None:
+                raise StoreError(
+                    f"creating the upload of {record.key} took too long", temporary=True
+                )
+            self.created.add(record.upload_id)
+        self._begin(record)
         count = -(-record.size // record.part_size)
 
         async def send(number: int, token: object) -> None:
@@ -226,12 +230,10 @@ class Uploader:
                 off = (number - 1) * record.part_size
                 length = min(record.part_size, record.size - off)
                 data = await trio.to_thread.run_sync(_read, fd, length, off)
-                if ino.generation != record.generation:
-                    raise Changed("written during the upload")
-                etag: str = await self._send(
+                _check(ino, record.generation)
+                etag = await self._send(
                     progress,
                     length,
-                    f"part {number} of {record.key}",
                     lambda: self.store.upload_part(
                         record.key, record.upload_id or "", number, data
                     ),
@@ -262,55 +264,50 @@ class Uploader:
             trio.current_time() - t_parts,
         )
         etags = [done[n] for n in range(1, count + 1)]
-        etag: str = await self._retry(
-            f"complete {record.key}",
-            lambda: self.store.complete_multipart(record.key, record.upload_id or "", etags),
-        )
-        return etag
+        _check(ino, record.generation)
+        return await self.store.complete_multipart(record.key, record.upload_id or "", etags)
 
-    # -- journal transitions -----------------------------------------------------------------------
+    # -- the journal -------------------------------------------------------------------------------
 
-    def _begin(self, ino: Inode, record: UploadRow) -> None:
+    def _begin(self, record: UploadRow) -> None:
         with self.journal.transaction():
             self.journal.put_upload(record)
-            if ino.state is State.DIRTY and ino.generation == record.generation:
-                ino.state = State.UPLOADING
-                self.table.persist(ino)
 
     def _drop(self, record: UploadRow) -> None:
         with self.journal.transaction():
             self.journal.drop_upload(record.inode)
 
-    def _finish(self, ino: Inode, record: UploadRow, etag: str) -> None:
-        """The object is complete at record.key. Mark clean if nothing changed meanwhile."""
-        current = ino.parent is not None and ino.generation == record.generation
+    def _finish(self, ino: Inode, record: UploadRow, etag: str) -> bool:
+        """The object is complete at record.key. The file becomes clean if nothing changed
+        meanwhile; returns whether it did."""
         with self.journal.transaction():
             self.journal.drop_upload(ino.id)
-            if not current:
+            key = self.keys.key_of(ino.id) if ino.parent is not None else None
+            clean = key is not None and self.states.finish_upload(
+                ino, record.generation, record.size, key, etag, record.checksum
+            )
+            if clean and key != record.key:  # renamed while uploading: complete, then move
+                self.journal.add_store_op("move", record.key, key, etag)
+            elif not clean:
                 # Written or unlinked while uploading: the object is stale or unwanted.
-                if ino.parent is None or self.keys.key_of(ino.id) != record.key:
+                if key != record.key:
                     self.journal.add_store_op("delete", record.key)
                 elif ino.stored_key is None:
-                    ino.stored_key, ino.stored_etag = record.key, etag
-                    self.table.persist(ino)
-                return
-            key = self.keys.key_of(ino.id)
-            if key != record.key:  # renamed while uploading: complete, then move
-                self.journal.add_store_op("move", record.key, key, etag)
-            ino.stored_key, ino.stored_etag = key, etag
-            ino.checksum = record.checksum
-            ino.state = State.CLEAN
-            self.table.persist(ino)
+                    self.states.stored_stale(ino, record.key, etag)
         self.keys.note_stored(record.key)
-        self.keys.wake()
-        self.table.on_clean()  # evictable now: a writer waiting for room may go on
+        self.keys.events.store_ops_added()
+        return clean
 
     async def discard(self, record: UploadRow) -> None:
         """Abort an upload nobody wants any more, and forget it."""
         if record.upload_id is not None:
             with contextlib.suppress(StoreError):
-                await self._retry(
-                    f"abort upload of {record.key}",
-                    lambda: self.store.abort_multipart(record.key, record.upload_id or ""),
-                )
+                await self.store.abort_multipart(record.key, record.upload_id)
         self._drop(record)
+
+
+def _check(ino: Inode, generation: int) -> None:
+    """Raise Changed if the file is no longer the generation being uploaded (or was
+    unlinked): the rest of the upload would be wasted."""
+    if ino.generation != generation or ino.parent is None:
+        raise Changed("changed during the upload")

@@ -23,7 +23,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +57,26 @@ class SpaceInfo:
 
 
 ALIGN = 4096
+
+
+class Room:
+    """The signal writers waiting for cache space wait on: something freed bytes, or a file
+    became clean (evictable). ``version`` counts the signals, so a waiter can tell whether
+    anything happened since it last looked."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._event = trio.Event()
+
+    def changed(self) -> None:
+        self.version += 1
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self, timeout: float) -> None:
+        """Return at the next signal, or after ``timeout`` seconds."""
+        with trio.move_on_after(timeout):
+            await self._event.wait()
 
 
 class DirectWriter:
@@ -106,7 +126,12 @@ class CacheFiles:
     sizes, not allocated blocks, so a sparse file being fetched counts whole)."""
 
     def __init__(
-        self, root: Path, reserve_bytes: int, early_writeback: int, direct_io: bool = True
+        self,
+        root: Path,
+        reserve_bytes: int,
+        early_writeback: int,
+        direct_io: bool = True,
+        room: Room | None = None,
     ) -> None:
         self.root = root
         self.data = root / "data"
@@ -114,7 +139,7 @@ class CacheFiles:
         self.reserve_bytes = reserve_bytes
         self.early_writeback = early_writeback
         self.used = 0
-        self.on_freed: Callable[[], None] = lambda: None
+        self.room = room if room is not None else Room()
         self._dirfd = os.open(self.data, os.O_RDONLY | os.O_DIRECTORY)
         self.direct: DirectWriter | None = None
         if direct_io and self._direct_io_works():
@@ -198,7 +223,7 @@ class CacheFiles:
     def uncharge(self, nbytes: int) -> None:
         if nbytes > 0:
             self.used = max(0, self.used - nbytes)
-            self.on_freed()
+            self.room.changed()
 
     def sync_entry(self, inode: int) -> None:
         """Make the cache file's directory entry durable (needed once, after create)."""

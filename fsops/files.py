@@ -21,6 +21,7 @@ from fsops.cache import start_writeback
 from fsops.inodes import Inode, InodeTable, fs_error
 from fsops.journal import State
 from fsops.space import CacheSpace
+from fsops.state import FileStates
 
 
 @dataclass
@@ -31,10 +32,17 @@ class Handle:
 
 
 class OpenFiles:
-    def __init__(self, table: InodeTable, space: CacheSpace, kernel_writeback_cache: bool) -> None:
+    def __init__(
+        self,
+        table: InodeTable,
+        space: CacheSpace,
+        states: FileStates,
+        kernel_writeback_cache: bool,
+    ) -> None:
         self.table = table
         self.cache = table.cache
         self.space = space
+        self.states = states
         # With the kernel's write-back cache the kernel resolves O_APPEND itself and sends
         # absolute offsets; without it, appends are placed at our idea of the end of file.
         self._place_appends = not kernel_writeback_cache
@@ -56,7 +64,7 @@ class OpenFiles:
         try:
             now = time.time_ns()
             if flags & os.O_TRUNC and writable and ino.size:
-                await self.table.ensure_dirty(ino)
+                await self.states.mark_dirty(ino)
                 os.ftruncate(ino.fd, 0)
                 self.space.shrink(ino, 0)
                 ino.size = 0
@@ -82,7 +90,7 @@ class OpenFiles:
         h = self.handle(fh)
         ino = h.inode
         if ino.dirtying is not None or ino.state is not State.DIRTY:
-            await self.table.ensure_dirty(ino)
+            await self.states.mark_dirty(ino)
         if h.append and self._place_appends:
             off = ino.size
         end = off + len(buf)
@@ -125,8 +133,8 @@ class OpenFiles:
             ino.writers -= 1
         if ino.attrs_dirty and ino.parent is not None:
             self.table.persist(ino)
-        if h.writable and ino.writers == 0 and ino.parent is not None:
-            self.table.on_written(ino)
+        if h.writable and ino.writers == 0:
+            self.states.quiet(ino)
         self.table.close_fd(ino)
         self.table.release_if_unused(ino)
 
@@ -147,5 +155,5 @@ class OpenFiles:
             ino.syncing -= 1
         # A rename usually follows an fsync at once: restart the settle delay from here, so
         # the upload goes to the final name and the temp name costs no request at all.
-        if ino.writers == 0 and ino.parent is not None:
-            self.table.on_written(ino)
+        if ino.writers == 0:
+            self.states.quiet(ino)

@@ -1,4 +1,9 @@
-"""Assemble the filesystem from a cache directory: journal, cache files, recovery, operations."""
+"""Assemble the filesystem from a cache directory: journal, cache files, recovery, operations.
+
+The drain is attached at construction: ``events`` (:class:`fsops.events.DrainEvents`) is
+what the filesystem tells it, and :meth:`Filesystem.operations` takes the
+:class:`fsops.remote.Remote` that serves files only the store has.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from fsops.cache import CacheFiles
+from fsops.cache import CacheFiles, Room
+from fsops.events import DrainEvents, NoDrain
 from fsops.files import OpenFiles
 from fsops.inodes import InodeTable
 from fsops.journal import Journal, JournalError
@@ -14,7 +20,9 @@ from fsops.names import KeyRules
 from fsops.namespace import Namespace
 from fsops.operations import Operations
 from fsops.recovery import RecoveryReport, recover
+from fsops.remote import LocalOnly, Remote
 from fsops.space import CacheSpace
+from fsops.state import FileStates
 from fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
@@ -36,7 +44,9 @@ class FsOptions:
 class Filesystem:
     """Everything fsops owns for one cache directory, opened and recovered."""
 
-    def __init__(self, cache_dir: Path, opts: FsOptions) -> None:
+    def __init__(self, cache_dir: Path, opts: FsOptions, events: DrainEvents | None = None) -> None:
+        self.opts = opts
+        self.events: DrainEvents = events if events is not None else NoDrain()
         self.journal = Journal(cache_dir / "journal.db")
         try:
             bound = self.journal.get_meta("store_url")
@@ -48,23 +58,30 @@ class Filesystem:
                     "use another --cache-dir (its dirty data would go to the wrong store)"
                 )
             self.cache = CacheFiles(
-                cache_dir, opts.reserve_bytes, opts.early_writeback, opts.direct_io
+                cache_dir, opts.reserve_bytes, opts.early_writeback, opts.direct_io, Room()
             )
         except BaseException:
             self.journal.db.close()
             raise
-        self.recovery: RecoveryReport = recover(self.journal, self.cache)
         self.table = InodeTable(self.journal, self.cache)
-        self.space = CacheSpace(self.table, opts.cache_limit, opts.write_wait)
-        self.keys = StoreKeys(self.table, opts.key_prefix)
-        self.namespace = Namespace(self.table, KeyRules(opts.key_prefix), self.keys, self.space)
-        self.files = OpenFiles(self.table, self.space, opts.writeback_cache)
-        self.operations = Operations(
+        self.states = FileStates(self.table, self.events, self.cache.room)
+        self.recovery: RecoveryReport = recover(self.journal, self.cache, self.states)
+        self.space = CacheSpace(self.table, self.states, opts.cache_limit, opts.write_wait)
+        self.keys = StoreKeys(self.table, self.states, self.events, opts.key_prefix)
+        self.namespace = Namespace(
+            self.table, KeyRules(opts.key_prefix), self.keys, self.space, self.states
+        )
+        self.files = OpenFiles(self.table, self.space, self.states, opts.writeback_cache)
+
+    def operations(self, remote: Remote | None = None) -> Operations:
+        """The FUSE request handlers, with ``remote`` serving files only the store has."""
+        return Operations(
             self.namespace,
             self.files,
             self.space,
-            writeback_cache=opts.writeback_cache,
-            attr_timeout=opts.attr_timeout,
+            remote if remote is not None else LocalOnly(),
+            writeback_cache=self.opts.writeback_cache,
+            attr_timeout=self.opts.attr_timeout,
         )
 
     def close(self) -> None:

@@ -16,7 +16,6 @@ import errno
 import logging
 import os
 import stat
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -61,12 +60,6 @@ class InodeTable:
         self.journal = journal
         self.cache = cache
         self._mem: dict[int, Inode] = {}
-        # Set by the drain engine: the content of an uploading inode is about to change; and
-        # the last writer of an inode is done with it (it may become eligible for the drain).
-        self.on_content_change: Callable[[int], None] = lambda inode: None
-        self.on_written: Callable[[Inode], None] = lambda ino: None
-        # Set by the cache space: a file became clean (evictable).
-        self.on_clean: Callable[[], None] = lambda: None
 
     def peek(self, inode: int) -> Inode | None:
         """The inode if it is in memory, without loading it."""
@@ -147,6 +140,7 @@ class InodeTable:
     # -- persistence -----------------------------------------------------------------------------
 
     def persist(self, ino: Inode) -> None:
+        """Write size, times, mode and owner (never the state: see :mod:`fsops.state`)."""
         self.journal.update_attrs(ino)
         ino.attrs_dirty = False
 
@@ -154,26 +148,6 @@ class InodeTable:
         for ino in list(self._mem.values()):
             if ino.attrs_dirty:
                 self.persist(ino)
-
-    async def ensure_dirty(self, ino: Inode) -> None:
-        """Make a content change safe to start: the journal durably says dirty, with a new
-        generation, before the cache file differs from what the store has (or is uploading)."""
-        while ino.dirtying is not None:
-            await ino.dirtying.wait()
-        if ino.state is State.DIRTY:
-            return
-        ino.dirtying = trio.Event()
-        try:
-            was_uploading = ino.state is State.UPLOADING
-            ino.state = State.DIRTY
-            ino.generation += 1
-            self.persist(ino)
-            if was_uploading:
-                self.on_content_change(ino.id)
-            await self.journal.barrier()
-        finally:
-            ino.dirtying.set()
-            ino.dirtying = None
 
     def open_fd(self, ino: Inode) -> int:
         if ino.fd < 0:

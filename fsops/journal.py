@@ -220,6 +220,11 @@ class Journal:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
+        """One atomic change. Inside another transaction it joins that one (which commits or
+        rolls back the whole), so a step that commits on its own can also be part of more."""
+        if self.db.in_transaction:
+            yield
+            return
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -265,7 +270,8 @@ class Journal:
         """Insert a new inode (``row.id`` is ignored) and return its number."""
         cur = self.db.execute(
             "INSERT INTO inodes (parent, name, mode, uid, gid, size, atime_ns, mtime_ns, "
-            "ctime_ns, target, state, generation) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            "ctime_ns, target, state, generation, stored_key, stored_etag, checksum) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 row.parent,
                 row.name,
@@ -279,15 +285,20 @@ class Journal:
                 row.target,
                 row.state,
                 row.generation,
+                row.stored_key,
+                row.stored_etag,
+                row.checksum,
             ),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid
 
     def update_attrs(self, row: InodeRow) -> None:
+        """Write an inode's attributes (mode, owner, size, times). Never its state columns:
+        those change only through :mod:`fsops.state` (:meth:`set_state`)."""
         self.db.execute(
-            "UPDATE inodes SET mode=?, uid=?, gid=?, size=?, atime_ns=?, mtime_ns=?, ctime_ns=?, "
-            "state=?, generation=?, stored_key=?, stored_etag=?, checksum=? WHERE id=?",
+            "UPDATE inodes SET mode=?, uid=?, gid=?, size=?, atime_ns=?, mtime_ns=?, ctime_ns=? "
+            "WHERE id=?",
             (
                 row.mode,
                 row.uid,
@@ -296,13 +307,17 @@ class Journal:
                 row.atime_ns,
                 row.mtime_ns,
                 row.ctime_ns,
-                row.state,
-                row.generation,
-                row.stored_key,
-                row.stored_etag,
-                row.checksum,
                 row.id,
             ),
+        )
+
+    def set_state(self, row: InodeRow) -> None:
+        """Write an inode's state columns (state, generation, stored_key, stored_etag,
+        checksum). Called by :mod:`fsops.state` only; a test checks that."""
+        self.db.execute(
+            "UPDATE inodes SET state=?, generation=?, stored_key=?, stored_etag=?, checksum=? "
+            "WHERE id=?",
+            (row.state, row.generation, row.stored_key, row.stored_etag, row.checksum, row.id),
         )
 
     def set_name(self, inode: int, parent: int | None, name: bytes | None) -> None:
@@ -477,6 +492,12 @@ class Journal:
             (inode,),
         ).fetchall()
         return [(_row(r[:-1]), str(r[-1])) for r in rows]
+
+    def files_in_state(self, state: State) -> list[InodeRow]:
+        rows = self.db.execute(
+            f"SELECT {_INODE_COLS} FROM inodes WHERE {_IS_REG} AND state = ?", (state,)
+        ).fetchall()
+        return [_row(r) for r in rows]
 
     def dirty_files(self) -> list[int]:
         rows = self.db.execute(

@@ -20,6 +20,7 @@ from fsops.inodes import Inode, InodeTable, fs_error
 from fsops.journal import InodeRow, Journal, State
 from fsops.names import KeyRules
 from fsops.space import CacheSpace
+from fsops.state import FileStates
 from fsops.storekeys import StoreKeys
 
 
@@ -49,13 +50,19 @@ class AttrChange:
 
 class Namespace:
     def __init__(
-        self, table: InodeTable, rules: KeyRules, keys: StoreKeys, space: CacheSpace
+        self,
+        table: InodeTable,
+        rules: KeyRules,
+        keys: StoreKeys,
+        space: CacheSpace,
+        states: FileStates,
     ) -> None:
         self.table = table
         self.space = space
         self.journal: Journal = table.journal
         self.rules = rules
         self.keys = keys
+        self.states = states
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -118,14 +125,17 @@ class Namespace:
             mtime_ns=now,
             ctime_ns=now,
             target=None,
-            state=State.DIRTY if stat.S_ISREG(mode) else State.CLEAN,
+            state=State.CLEAN,  # regular files: set by FileStates.insert_local
             generation=1,
         )
 
     def _link_new(self, parent: Inode, row: InodeRow, *, cache_file: bool = False) -> Inode:
         """Insert the row (and create its empty cache file) in one transaction."""
         with self.journal.transaction():
-            row.id = self.journal.insert(row)
+            if stat.S_ISREG(row.mode):
+                row.id = self.states.insert_local(row)
+            else:
+                row.id = self.journal.insert(row)
             if cache_file:
                 self.table.cache.create(row.id)
             self.journal.touch_dir(parent.id, row.ctime_ns)
@@ -248,6 +258,9 @@ class Namespace:
                 self.journal.set_name(src.id, new_parent.id, new_name)
             self._moved(src)
             src.parent, src.name, src.ctime_ns = new_parent.id, new_name, now
+            self.table.persist(src)
+            if exchange and dst is not None:
+                self.table.persist(dst)
             for d in {old_parent.id: old_parent, new_parent.id: new_parent}.values():
                 self.journal.touch_dir(d.id, now)
                 d.mtime_ns = d.ctime_ns = now
@@ -273,8 +286,9 @@ class Namespace:
         if change.size is not None and change.size != ino.size:
             if not ino.is_reg:
                 raise fs_error(errno.EINVAL)
-            await self.table.ensure_dirty(ino)
-            self.space.landed(await self.space.grow(ino, change.size))  # sparse: no blocks
+            await self.states.mark_dirty(ino)
+            # Growth is a hole: it takes no blocks, so nothing is charged (writes into it are,
+            # as they land). A size the cache filesystem cannot hold fails there, with EFBIG.
             fd = ino.fd if ino.fd >= 0 else self.table.cache.open(ino.id)
             try:
                 os.ftruncate(fd, change.size)
@@ -296,8 +310,8 @@ class Namespace:
             ino.mtime_ns = change.mtime_ns
         ino.ctime_ns = change.ctime_ns if change.ctime_ns is not None else now
         self.table.persist(ino)
-        if change.size is not None and ino.writers == 0 and ino.parent is not None:
-            self.table.on_written(ino)  # truncated without an open handle
+        if change.size is not None and ino.writers == 0:
+            self.states.quiet(ino)  # truncated without an open handle
         return ino
 
     def readlink(self, inode: int) -> bytes:

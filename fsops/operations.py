@@ -20,8 +20,8 @@ import pyfuse3
 
 from fsops.files import OpenFiles
 from fsops.journal import InodeRow, State
-from fsops.namespace import AttrChange, Caller, Namespace
-from fsops.remote import LocalOnly, Remote
+from fsops.namespace import AttrChange, Namespace
+from fsops.remote import Remote
 from fsops.space import CacheSpace
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class Operations(pyfuse3.Operations):
         namespace: Namespace,
         files: OpenFiles,
         space: CacheSpace,
+        remote: Remote,
         *,
         writeback_cache: bool = True,
         attr_timeout: float = 1.0,
@@ -79,7 +80,7 @@ class Operations(pyfuse3.Operations):
         self.files = files
         self.space = space
         self.table = namespace.table
-        self.remote: Remote = LocalOnly()  # the daemon plugs in read-through from the store
+        self.remote = remote
         self.enable_writeback_cache = writeback_cache
         self.attr_timeout = attr_timeout
         self.blksize = blksize
@@ -146,17 +147,17 @@ class Operations(pyfuse3.Operations):
     async def mknod(
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return self.attrs(self.ns.create_file(parent_inode, name, mode, _caller(ctx)))
+        return self.attrs(self.ns.create_file(parent_inode, name, mode, ctx))
 
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return self.attrs(self.ns.mkdir(parent_inode, name, mode, _caller(ctx)))
+        return self.attrs(self.ns.mkdir(parent_inode, name, mode, ctx))
 
     async def symlink(
         self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return self.attrs(self.ns.symlink(parent_inode, name, target, _caller(ctx)))
+        return self.attrs(self.ns.symlink(parent_inode, name, target, ctx))
 
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self.ns.unlink(parent_inode, name)
@@ -186,7 +187,7 @@ class Operations(pyfuse3.Operations):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        ino = self.ns.create_file(parent_inode, name, mode, _caller(ctx))
+        ino = self.ns.create_file(parent_inode, name, mode, ctx)
         fh = await self.files.open(ino, flags)
         return pyfuse3.FileInfo(fh=fh, keep_cache=True), self.attrs(ino)
 
@@ -277,7 +278,3 @@ class Operations(pyfuse3.Operations):
 
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         self.ns.removexattr(inode, name)
-
-
-def _caller(ctx: pyfuse3.RequestContext) -> Caller:
-    return ctx

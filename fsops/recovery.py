@@ -1,10 +1,12 @@
 """Bring the journal and the cache files back into agreement when a cache dir is mounted.
 
-After a clean unmount only orphans need removing. After a crash (the ``clean_shutdown`` flag
-is still 0) the cache files are the truth for cached contents: sizes are taken from them,
-cache files without a row are removed, and a clean file whose cache file is gone becomes
-remote (the store has it). A dirty file whose cache file is gone cannot be recovered: it is
-logged as an error and kept as an empty dirty file so that the name does not silently vanish.
+After a clean unmount only orphans need removing, and files left ``uploading`` become
+``dirty`` (the drain takes them again; a journaled upload record lets it resume). After a
+crash (the ``clean_shutdown`` flag is still 0) the cache files are the truth for cached
+contents: sizes are taken from them, cache files without a row are removed, and a clean file
+whose cache file is gone becomes remote (the store has it). A dirty file whose cache file is
+gone cannot be recovered: it is logged as an error and kept as an empty dirty file so that
+the name does not silently vanish.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 from fsops.cache import CacheFiles
 from fsops.journal import Journal, State
+from fsops.state import FileStates
 
 log = logging.getLogger(__name__)
 
@@ -29,20 +32,22 @@ class RecoveryReport:
     dirty_bytes: int = 0
 
 
-def recover(journal: Journal, cache: CacheFiles) -> RecoveryReport:
+def recover(journal: Journal, cache: CacheFiles, states: FileStates) -> RecoveryReport:
     report = RecoveryReport(unclean=journal.get_meta("clean_shutdown") != "1")
     orphans = journal.orphans()
     with journal.transaction():
         journal.set_meta("clean_shutdown", "0")
         for inode in orphans:
             journal.delete(inode)
+        for row in journal.files_in_state(State.UPLOADING):
+            states.abandon_upload(row)  # no upload runs before the drain takes it again
     for inode in orphans:
         cache.remove(inode)
     for inode in journal.remote_files():
         cache.remove(inode)  # a fetch cut short: remote files keep no content across mounts
     report.orphans_removed = len(orphans)
     if report.unclean:
-        _reconcile(journal, cache, report)
+        _reconcile(journal, cache, states, report)
         cache.sync_all()
     journal.barrier_sync()
     files, nbytes = journal.totals_by_state().get(State.DIRTY, (0, 0))
@@ -50,7 +55,9 @@ def recover(journal: Journal, cache: CacheFiles) -> RecoveryReport:
     return report
 
 
-def _reconcile(journal: Journal, cache: CacheFiles, report: RecoveryReport) -> None:
+def _reconcile(
+    journal: Journal, cache: CacheFiles, states: FileStates, report: RecoveryReport
+) -> None:
     present = cache.known_inodes()
     wanted: set[int] = set()
     with journal.transaction():
@@ -65,8 +72,7 @@ def _reconcile(journal: Journal, cache: CacheFiles, report: RecoveryReport) -> N
                     journal.update_attrs(row)
                     report.sizes_fixed += 1
             elif row.state is State.CLEAN:
-                row.state = State.REMOTE
-                journal.update_attrs(row)
+                states.cache_file_missing(row)
             else:
                 log.error("cache file of dirty inode %d is missing; its content is lost", row.id)
                 report.lost += 1

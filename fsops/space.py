@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import errno
 import logging
-import time
 from dataclasses import dataclass
 
 import trio
 
+from fsops.cache import Room
 from fsops.inodes import Inode, InodeTable, fs_error
 from fsops.journal import InodeRow, State
+from fsops.state import FileStates
 
 log = logging.getLogger(__name__)
 
@@ -37,29 +38,35 @@ class SpaceStats:
 
 
 class CacheSpace:
-    def __init__(self, table: InodeTable, limit: int | None, write_wait: float) -> None:
+    def __init__(
+        self, table: InodeTable, states: FileStates, limit: int | None, write_wait: float
+    ) -> None:
         self.table = table
+        self.states = states
         self.cache = table.cache
         self.journal = table.journal
         self.limit = limit
         self.write_wait = write_wait
         self.stats = SpaceStats()
-        self._room = trio.Event()
+        self.room: Room = self.cache.room
+        self._full_at = -1  # room.version when a write last gave up; -1: not full
         self._waiting = 0  # writes waiting for room now
         # Charged but not yet written (statvfs does not show it yet): writes on their way to
         # the cache file, and the unfetched rest of fetches.
         self._landing = 0
-        # Set when a write got ENOSPC after the full wait; until something frees room, the
-        # next writes fail at once (the kernel's write-back would otherwise wait once per page).
-        self._full = False
         self.cache.used = self.journal.cached_bytes()
-        self.cache.on_freed = self.changed
-        table.on_clean = self.changed
 
-    def changed(self) -> None:
-        """Space was freed or a file became clean (evictable): waiting writers look again."""
-        self._full = False
-        self._room.set()
+    @property
+    def _full(self) -> bool:
+        """A write got ENOSPC after the full wait and nothing has freed room since: the next
+        writes fail at once (the kernel's write-back would otherwise wait once per page)."""
+        return self._full_at == self.room.version
+
+    def capacity(self) -> int:
+        """The most the cache files could ever hold: the limit, or the disk less the reserve."""
+        st = self.cache.space()
+        disk = st.total_blocks * st.block_size - self.cache.reserve_bytes
+        return disk if self.limit is None else min(self.limit, disk)
 
     def _fits(self, nbytes: int) -> bool:
         if self.limit is not None and self.cache.used + nbytes > self.limit:
@@ -96,6 +103,8 @@ class CacheSpace:
         self.evict(need)
         if self._fits(need):
             return
+        if need > self.capacity():
+            raise fs_error(errno.ENOSPC)  # could never fit, however long it waited
         if self._full and not patient:
             raise fs_error(errno.ENOSPC)
         if self._waiting == 0:
@@ -103,21 +112,19 @@ class CacheSpace:
             log.info("cache full of dirty data: writes wait for the drain")
         self._waiting += 1
         try:
-            deadline = time.monotonic() + self.write_wait
+            deadline = trio.current_time() + self.write_wait
             while True:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - trio.current_time()
                 if remaining <= 0 or (self._full and not patient):
                     break
-                self._room = trio.Event()
-                with trio.move_on_after(min(remaining, 1.0)):  # disk space freed by others, too
-                    await self._room.wait()
+                await self.room.wait(min(remaining, 1.0))  # disk space freed by others, too
                 self.evict(need)
                 if self._fits(need):
                     return
         finally:
             self._waiting -= 1
         if not self._full:
-            self._full = True
+            self._full_at = self.room.version
             self.stats.enospc += 1
             log.warning(
                 "cache full: %d bytes in use%s, no clean file left to evict; writes get "
@@ -144,15 +151,9 @@ class CacheSpace:
         ino = self.table.peek(row.id)
         if ino is not None and (ino.opens or ino.pins or ino.inflight or ino.fd >= 0):
             return 0
-        target: InodeRow = ino if ino is not None else row
-        if target.state is not State.CLEAN:
+        if self.table.current(row).state is not State.CLEAN:
             return 0
-        target.state = State.REMOTE
-        with self.journal.transaction():  # journal first: a crash then leaves a stray file
-            self.journal.update_attrs(target)
-        if ino is not None:
-            ino.attrs_dirty = False
-            ino.charged = 0
+        self.states.evict(row)  # journal first: a crash then leaves a stray file
         self.cache.remove(row.id)
         self.stats.evictions += 1
         self.stats.evicted_bytes += row.size

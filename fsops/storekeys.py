@@ -14,29 +14,70 @@ implies commits with the change itself and is resumed after a crash:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
+import trio
+
+from fsops.events import DrainEvents
 from fsops.inodes import Inode, InodeTable
-from fsops.journal import InodeRow, State
+from fsops.journal import InodeRow, State, StoreOp
+from fsops.state import FileStates
+
+RECENT = 600.0  # seconds a key stays in recently_stored / recently_removed
 
 
 class StoreKeys:
-    def __init__(self, table: InodeTable, prefix: str) -> None:
+    def __init__(
+        self, table: InodeTable, states: FileStates, events: DrainEvents, prefix: str
+    ) -> None:
         self.table = table
         self.journal = table.journal
+        self.states = states
+        self.events = events
         self.prefix = prefix
-        # Set by the drain engine: wake up (new store ops) / an inode's content or name changed.
-        self.wake: Callable[[], None] = lambda: None
-        self.changed: Callable[[int], None] = lambda inode: None
         # Keys this gateway wrote lately (monotonic time): a listing that started before an
         # object landed does not show it, which must not read as "someone deleted it".
         self.recently_stored: dict[str, float] = {}
+        # Keys this gateway deleted lately (monotonic time the delete completed): a listing
+        # that started before then may still show the object, which must not bring it back.
+        self.recently_removed: dict[str, float] = {}
+        self._op_done = trio.Event()
 
     def note_stored(self, key: str) -> None:
+        self.recently_stored[key] = time.monotonic()
+        self.recently_removed.pop(key, None)
+        self.recently_stored = _trimmed(self.recently_stored)
+
+    def note_removed(self, key: str) -> None:
+        """``key`` is deleted now; so, perhaps, are the prefixes ("a/", "a/b/") above it."""
         now = time.monotonic()
-        self.recently_stored[key] = now
-        if len(self.recently_stored) > 10_000:
-            self.recently_stored = {k: t for k, t in self.recently_stored.items() if now - t < 600}
+        self.recently_removed[key] = now
+        parts = key.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            self.recently_removed["/".join(parts[:i]) + "/"] = now
+        self.recently_removed = _trimmed(self.recently_removed)
+
+    def removed_since(self, key: str, started: float) -> bool:
+        """Whether this gateway deleted ``key`` (an object, or a prefix ending in "/") after
+        a listing that started at ``started`` (monotonic) began: the listing may show it."""
+        return self.recently_removed.get(key, -1.0) >= started - 1.0
+
+    # -- journaled store operations ------------------------------------------------------------
+
+    def done(self, op: StoreOp) -> None:
+        """A store operation is carried out: forget it, and wake whoever waits for its keys."""
+        with self.journal.transaction():
+            self.journal.done_store_op(op.id)
+        self.note_removed(op.src)
+        if op.dst is not None:
+            self.note_stored(op.dst)
+        self._op_done.set()
+        self._op_done = trio.Event()
+
+    async def settled(self, key: str, timeout: float) -> None:
+        """Return once no pending store operation touches ``key`` (or after ``timeout``)."""
+        with trio.move_on_after(timeout):
+            while key in self.journal.pending_keys():
+                await self._op_done.wait()
 
     def key(self, components: list[bytes]) -> str:
         return self.prefix + "/".join(c.decode() for c in components)
@@ -48,12 +89,6 @@ class StoreKeys:
         mem = self.table.peek(inode)
         return mem if mem is not None else self.journal.get(inode)
 
-    def _save(self, row: InodeRow) -> None:
-        if isinstance(row, Inode):
-            self.table.persist(row)
-        else:
-            self.journal.update_attrs(row)
-
     def moved(self, inode: int, new_key: str) -> None:
         row = self._row(inode)
         if row is None or not row.stored_key or row.state is State.UPLOADING:
@@ -62,12 +97,11 @@ class StoreKeys:
             return
         if row.state in (State.CLEAN, State.REMOTE):
             self.journal.add_store_op("move", row.stored_key, new_key, row.stored_etag)
-            row.stored_key = new_key
+            self.states.stored_moved(row, new_key)
         else:
             self.journal.add_store_op("delete", row.stored_key)
-            row.stored_key = row.stored_etag = None
-        self._save(row)
-        self.wake()
+            self.states.stored_dropped(row)
+        self.events.store_ops_added()
 
     def moved_tree(self, directory: int, new_dir_key: str) -> None:
         for inode, rel in self.journal.subtree(directory):
@@ -76,9 +110,15 @@ class StoreKeys:
     def unlinked(self, ino: Inode) -> None:
         """Call before the name goes (the row may go with it). Cancels an upload of it in any
         phase, so that its cache file (and the disk space) is let go of at once."""
-        self.changed(ino.id)
+        self.events.changed(ino.id)
         if ino.stored_key:
             self.journal.add_store_op("delete", ino.stored_key)
-            ino.stored_key = ino.stored_etag = None
-            self._save(ino)
-            self.wake()
+            self.states.stored_dropped(ino)
+            self.events.store_ops_added()
+
+
+def _trimmed(recent: dict[str, float]) -> dict[str, float]:
+    if len(recent) <= 10_000:
+        return recent
+    now = time.monotonic()
+    return {k: t for k, t in recent.items() if now - t < RECENT}

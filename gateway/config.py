@@ -147,6 +147,7 @@ class Config:
     bucket_rules: BucketRules = field(default_factory=BucketRules)
 
 
+# Every section and its keys, in the order of the example above.
 _KNOWN = {
     "store": {"url", "endpoint_url", "listing_ttl"},
     "cache": {
@@ -160,12 +161,6 @@ _KNOWN = {
         "fetch_parallel",
     },
     "mount": {"allow_other", "attr_timeout", "writeback_cache"},
-    "log": {"level"},
-    "shutdown": {"deadline"},
-    "preemption": {"provider", "url", "interval", "command"},
-    "metrics": {"listen"},
-    "lifecycle": {"interval", "abort_days", "storage_class", "transition_days", "patterns"},
-    "retention": {"run", "keep_last", "keep_every", "min_age", "marker", "quiet"},
     "drain": {
         "settle",
         "max_files",
@@ -174,7 +169,18 @@ _KNOWN = {
         "multipart_threshold",
         "permanent_retry",
     },
+    "shutdown": {"deadline"},
+    "preemption": {"provider", "url", "interval", "command"},
+    "metrics": {"listen"},
+    "lifecycle": {"interval", "abort_days", "storage_class", "transition_days", "patterns"},
+    "retention": {"run", "keep_last", "keep_every", "min_age", "marker", "quiet"},
+    "log": {"level"},
 }
+_TABLE_LISTS = {"retention"}  # written [[retention]]: one table per run
+
+
+def _header(section: str) -> str:
+    return f"[[{section}]]" if section in _TABLE_LISTS else f"[{section}]"
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -185,18 +191,37 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise UserError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"config file {path}: {e}") from None
-    for section, body in data.items():
-        if section == "retention" and isinstance(body, list):
-            tables = body  # [[retention]]: one table per run
-        elif section in _KNOWN and section != "retention" and isinstance(body, dict):
-            tables = [body]
-        else:
-            raise UserError(f"config file {path}: unknown section [{section}]")
-        for table in tables:
-            unknown = set(table) - _KNOWN[section] if isinstance(table, dict) else {"?"}
+    for name, body in data.items():
+        for table in _tables(path, name, body):
+            unknown = set(table) - _KNOWN[name]
             if unknown:
-                raise UserError(f"config file {path}: unknown key {section}.{sorted(unknown)[0]}")
+                raise UserError(f"config file {path}: unknown key {name}.{sorted(unknown)[0]}")
     return data
+
+
+def _tables(path: Path, name: str, body: object) -> list[dict[str, Any]]:
+    """The tables of one top-level entry of the file; UserError for anything that is not a
+    section this file may have."""
+    where = f"config file {path}"
+    is_tables = isinstance(body, list) and all(isinstance(t, dict) for t in body)
+    if name not in _KNOWN:
+        sections = ", ".join(_header(s) for s in _KNOWN)
+        if isinstance(body, dict) or (is_tables and body):
+            header = f"[{name}]" if isinstance(body, dict) else f"[[{name}]]"
+            raise UserError(f"{where}: unknown section {header}; the sections are {sections}")
+        owners = " or ".join(_header(s) for s, keys in _KNOWN.items() if name in keys)
+        hint = f"; {name} belongs under {owners}" if owners else ""
+        raise UserError(
+            f"{where}: unknown top-level key {name}: settings go in sections: {sections}{hint}"
+        )
+    if name in _TABLE_LISTS:
+        if isinstance(body, list) and is_tables:
+            return body
+        raise UserError(f"{where}: write {name} as [[{name}]] tables, one per run")
+    if isinstance(body, dict):
+        return [body]
+    got = f"[[{name}]] tables" if is_tables else "a value"
+    raise UserError(f"{where}: {name} must be one section, [{name}], not {got}")
 
 
 def load_config(

@@ -1,17 +1,26 @@
-"""The control socket: how ``ckptgw status``, ``flush``, ``wait`` and ``umount`` talk to a daemon.
+"""The daemon's side of the control socket, which every ``ckptgw`` command but ``mount`` uses to
+talk to a running gateway (``status``, ``flush``, ``wait``, ``umount``, ``pin``, ``lifecycle``),
+as does :func:`gateway.client.wait_durable` from training code.
 
-A Unix stream socket, mode 0600, in the cache directory (reached through ``/proc/self/fd`` of
-the directory when its path is too long for a socket address). One request per connection,
-one JSON object per line each way::
+A Unix stream socket, ``control.sock`` in the cache directory, mode 0600 (bound through
+``/proc/self/fd`` of the directory when its path is too long for a socket address, see
+:func:`gateway.protocol.socket_address`). A socket left by a dead daemon is replaced; the
+cache dir's lock says it is ours. One request per connection, one JSON object per line each
+way (a request is at most 1 MiB)::
 
     -> {"version": 1, "op": "status"}
     <- {"version": 1, "ok": true, "result": {...}}
     <- {"version": 1, "ok": false, "error": "one line"}
 
-Operations: ``status``; ``pending`` and ``flush`` with ``paths`` (relative to the mount's
-root; none means all of it). A request with a newer ``version`` than the daemon's is refused
-with an error that says so, so old daemons and new clients fail clearly. Handlers are async
-(lifecycle ones talk to the store); the request's time limit covers reading it, not them.
+This module only frames, checks the version and dispatches; the operations are the handlers
+the daemon passes in (``gateway.daemon.control_handlers``): ``status``; ``pending`` and
+``flush`` with ``paths`` (relative to the mount's root; none means all of it); ``pin`` with
+``path`` and ``pin`` (false: unpin); ``lifecycle_plan`` and ``lifecycle_apply`` with ``run``;
+``lifecycle_rules`` with ``apply``. A request whose ``version`` is missing or newer than the
+daemon's is refused with an error that says to restart the gateway, so old daemons and new
+clients fail clearly. A :class:`RequestError` (or ``ValueError``) from a handler goes back as
+its message; anything else is logged and answered as an internal error. Handlers are async
+(lifecycle ones talk to the store); the 10 s time limit covers reading the request, not them.
 """
 
 from __future__ import annotations

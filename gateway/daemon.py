@@ -34,8 +34,9 @@ from drain.fetch import FetchConfig, Fetcher
 from drain.lifecycle import Lifecycle
 from drain.listing import ListingConfig, Listings
 from drain.readthrough import ReadThrough
-from drain.retry import RetryPolicy, RetryStats, retrying
-from drain.store import Store, StoreError
+from drain.retry import RetryingStore, RetryPolicy, RetryStats
+from drain.scheduler import Scheduler
+from drain.store import StoreError
 from drain.stores import open_store
 from drain.upload import UploadConfig
 from fsops.filesystem import Filesystem, FsOptions
@@ -138,6 +139,9 @@ def run(cfg: Config) -> int:
 
 def _run_locked(cfg: Config, ready: Readiness) -> int:
     prepare_mountpoint(cfg.mountpoint)
+    # The drain's scheduler is what the filesystem reports to (fsops.events.DrainEvents);
+    # it needs nothing to exist, so it comes first.
+    scheduler = Scheduler(drain_config(cfg).schedule())
     try:
         fs = Filesystem(
             cfg.cache_dir,
@@ -152,6 +156,7 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
                 cache_limit=cfg.cache_size,
                 write_wait=cfg.write_wait,
             ),
+            scheduler,
         )
     except JournalError as e:
         raise UserError(str(e)) from None
@@ -166,28 +171,48 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
             rec.lost,
         )
     log.info("journal holds %d dirty files (%d bytes)", rec.dirty_files, rec.dirty_bytes)
+    mount = _Mount(cfg)
     try:
-        try:
-            pyfuse3.init(fs.operations, str(cfg.mountpoint), mount_options(cfg))
-        except RuntimeError as e:
-            raise UserError(f"cannot mount on {cfg.mountpoint}: {e}") from None
-        control = socket_path(cfg.cache_dir)
-        registry.register(
-            registry.Entry(
-                str(cfg.mountpoint), str(cfg.cache_dir), str(cfg.store), os.getpid(), str(control)
-            )
-        )
-        signalled = False
-        try:
-            signalled = trio.run(_serve, fs, cfg, ready, control)
-        finally:
-            # After a signal we unmount ourselves; after `fusermount3 -u` the kernel already did.
-            pyfuse3.close(unmount=signalled)
-            registry.unregister(cfg.mountpoint)
+        trio.run(_serve, fs, scheduler, cfg, ready, mount)
     finally:
+        mount.close()
         fs.close()
     log.info("stopped cleanly")
     return 0
+
+
+class _Mount:
+    """The FUSE mount and its registry entry; made once the request handlers exist."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.mounted = False
+        self.signalled = False  # after a signal we unmount ourselves
+        self.control = socket_path(cfg.cache_dir)
+
+    def open(self, operations: pyfuse3.Operations) -> None:
+        cfg = self.cfg
+        try:
+            pyfuse3.init(operations, str(cfg.mountpoint), mount_options(cfg))
+        except RuntimeError as e:
+            raise UserError(f"cannot mount on {cfg.mountpoint}: {e}") from None
+        self.mounted = True
+        registry.register(
+            registry.Entry(
+                str(cfg.mountpoint),
+                str(cfg.cache_dir),
+                str(cfg.store),
+                os.getpid(),
+                str(self.control),
+            )
+        )
+
+    def close(self) -> None:
+        if self.mounted:
+            # After `fusermount3 -u` the kernel already unmounted; after a signal we do.
+            pyfuse3.close(unmount=self.signalled)
+            registry.unregister(self.cfg.mountpoint)
+            self.mounted = False
 
 
 def drain_config(cfg: Config) -> DrainConfig:
@@ -203,10 +228,10 @@ def drain_config(cfg: Config) -> DrainConfig:
     )
 
 
-async def check_store(store: Store) -> str | None:
+async def check_store(store: RetryingStore) -> str | None:
     """A one-line warning if the store cannot be used now; the mount goes ahead regardless."""
     try:
-        await retrying("checking the store", store.check, MOUNT_CHECK)
+        await store.with_policy(MOUNT_CHECK).check()
     except StoreError as e:
         msg = f"store {store.url}: {e}; data stays in the cache until this is fixed"
         log.warning("%s", msg)
@@ -215,32 +240,35 @@ async def check_store(store: Store) -> str | None:
 
 
 MOUNT_CHECK = RetryPolicy(attempts=3, base=0.2, cap=2.0)
+LISTING = RetryPolicy(attempts=3, base=0.05, cap=1.0)  # on the path of a lookup: few tries
 
 
 async def _read_through(
     fs: Filesystem,
-    store: Store,
+    store: RetryingStore,
     cfg: Config,
-    stats: RetryStats,
     *,
-    task_status: trio.TaskStatus[Fetcher] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[tuple[Fetcher, ReadThrough]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve files that are only in the store: listings merged into the namespace, fetches."""
     listings = Listings(
-        fs.table, fs.keys, fs.namespace.rules, store, ListingConfig(ttl=cfg.listing_ttl), stats
+        fs.table,
+        fs.states,
+        fs.keys,
+        store.with_policy(LISTING),
+        ListingConfig(ttl=cfg.listing_ttl),
     )
     fetcher = Fetcher(
         fs.table,
+        fs.states,
         fs.space,
         fs.keys,
         store,
         FetchConfig(chunk=cfg.fetch_chunk, parallel=cfg.fetch_parallel),
-        stats,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(fetcher.run)
-        fs.operations.remote = ReadThrough(listings, fetcher)
-        task_status.started(fetcher)
+        task_status.started((fetcher, ReadThrough(listings, fetcher)))
 
 
 def _paths(request: dict[str, Any]) -> list[str]:
@@ -355,38 +383,45 @@ async def _drain_then_stop(engine: DrainEngine, reporter: Reporter, cfg: Config,
     pyfuse3.terminate()
 
 
-async def _serve(fs: Filesystem, cfg: Config, ready: Readiness, control: Path) -> bool:
-    """Run the FUSE loop and the drain; returns True if a signal ended it."""
-    signalled = False
+async def _serve(
+    fs: Filesystem, scheduler: Scheduler, cfg: Config, ready: Readiness, mount: _Mount
+) -> None:
+    """Run the FUSE loop and the drain until unmounted or signalled."""
     engine: DrainEngine | None = None
     reporter: Reporter | None = None
 
-    async with open_store(cfg.store, cfg.endpoint_url) as store, trio.open_nursery() as nursery:
+    async with open_store(cfg.store, cfg.endpoint_url) as raw, trio.open_nursery() as nursery:
+        stats = RetryStats()
+        store = RetryingStore(raw, RetryPolicy(), stats)
 
         async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-            nonlocal signalled
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 task_status.started()
                 async for signum in signals:
                     name = signal.Signals(signum).name
                     if engine is None or reporter is None:  # still starting: nothing to drain
                         log.info("received %s while starting: stopping", name)
-                        signalled = True
-                        pyfuse3.terminate()
+                        mount.signalled = True
+                        if mount.mounted:
+                            pyfuse3.terminate()  # main() returns at once
+                        else:
+                            ready.failed(f"received {name} while starting")
+                            nursery.cancel_scope.cancel()
                         return
-                    if signalled:
+                    if mount.signalled:
                         log.warning("received %s again: stopping now", name)
                         log_not_durable(reporter, cfg.cache_dir)
                         pyfuse3.terminate()
                         return
-                    signalled = True
+                    mount.signalled = True
                     nursery.start_soon(_drain_then_stop, engine, reporter, cfg, f"received {name}")
 
         await nursery.start(on_signals)
         warning = await check_store(store)
-        engine = DrainEngine(fs, store, drain_config(cfg))
+        engine = DrainEngine(fs, store, drain_config(cfg), scheduler, stats)
         await nursery.start(engine.run)
-        fetcher = await nursery.start(_read_through, fs, store, cfg, engine.stats)
+        fetcher, remote = await nursery.start(_read_through, fs, store, cfg)
+        mount.open(fs.operations(remote))
         reporter = Reporter(
             cfg.mountpoint,
             str(cfg.store),
@@ -401,10 +436,9 @@ async def _serve(fs: Filesystem, cfg: Config, ready: Readiness, control: Path) -
             list(cfg.retention),
             cfg.bucket_rules,
             lambda path: [v for _, v in _files_or_none(reporter, path)],
-            engine.stats,
             reporter.recognizer,
         )
-        await nursery.start(ControlServer(control, control_handlers(reporter, lifecycle)).run)
+        await nursery.start(ControlServer(mount.control, control_handlers(reporter, lifecycle)).run)
         if cfg.lifecycle_interval > 0 and cfg.retention:
             nursery.start_soon(_retention_timer, lifecycle, cfg.lifecycle_interval)
         if cfg.metrics_listen is not None:
@@ -417,7 +451,6 @@ async def _serve(fs: Filesystem, cfg: Config, ready: Readiness, control: Path) -
         log.info("mounted")
         await pyfuse3.main()
         nursery.cancel_scope.cancel()  # uploads in progress keep their records and resume
-    return signalled
 
 
 def _files_or_none(reporter: Reporter, path: str) -> list[tuple[Any, Any]]:

@@ -1,5 +1,10 @@
-"""What the CLI and the daemon agree on, kept free of heavy imports so that ``ckptgw status``
-(a readiness probe every few seconds) starts without loading the filesystem or the S3 client."""
+"""What the CLI, the client library and the daemon agree on: the control socket's protocol
+version, the readiness pipe between ``ckptgw mount`` and the daemon it starts, and how both
+ends reach a socket whose path is too long for a socket address.
+
+It imports nothing heavy, so the CLI (``ckptgw status`` is the Kubernetes readiness and
+liveness probe) starts without loading the filesystem, trio or the S3 client; the socket's
+server is in :mod:`gateway.control`, the client in :mod:`gateway.client`."""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ from pathlib import Path
 
 # The control socket's request/reply version (gateway/control.py serves it).
 PROTOCOL_VERSION = 1
-# The daemon writes one byte to this inherited fd once the mount is ready (``ckptgw mount``).
+# ``ckptgw mount`` passes the daemon a pipe's fd in this variable; the daemon writes one line
+# to it: ``ok``, ``ok warning: ...`` (mounted, with one warning) or ``error: ...``.
 READY_FD_ENV = "CKPTGW_READY_FD"
 
 _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux

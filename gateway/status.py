@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drain.checkpoints import DRAINING, DURABLE, LOCAL, FileView, Recognizer
+from drain.checkpoints import DURABLE, FileView, Recognizer
 from drain.engine import DrainEngine
 from drain.fetch import FetchStats
 from fsops.filesystem import Filesystem
@@ -72,15 +72,11 @@ class Reporter:
                 (r, f"{prefix}/{rel}" if prefix else rel)
                 for r, rel in self.fs.journal.files_under(row.id)
             ]
-        running = {p.inode for p in self.engine.running()}
         moving = self.fs.journal.pending_keys()  # a move to a file's key: not there yet
         out = []
         for r, rel in found:
             r = self.fs.table.current(r)
-            if r.state in (State.DIRTY, State.UPLOADING):
-                state = DRAINING if r.id in running or r.state is State.UPLOADING else LOCAL
-            else:
-                state = DRAINING if r.stored_key in moving else DURABLE
+            state = self.engine.durability(r, moving)
             out.append((r, FileView(rel, r.size, state, r.mtime_ns / 1e9)))
         return out
 

@@ -4,6 +4,10 @@ Every gateway started through the ``gateway`` fixture is stopped at teardown, al
 test fails: clean unmount, else lazy unmount, else SIGKILL of the daemon. Its log is then
 checked: an ERROR line or a traceback fails the test unless the test said it expects one
 (``gw.expect_errors = True``), so problems the daemon only logs are not missed.
+
+Markers are also set here from the fixtures a test uses (``pytest_collection_modifyitems``),
+so ``-m "not mount and not s3 and not torch"`` (``make test-fast``) leaves out every test that
+needs a FUSE mount or an S3 server without each test having to say so.
 """
 
 from __future__ import annotations
@@ -19,6 +23,25 @@ from gateway.harness import Gateway
 
 HAVE_FUSE = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
 needs_fuse = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
+
+# A test that uses one of these fixtures (directly or through another fixture) gets the marker.
+MOUNT_FIXTURES = {"gateway", "mnt"}
+# s3_env too: a test that starts its own moto server (e.g. with other credentials) needs it.
+S3_FIXTURES = {"s3_endpoint", "bucket", "s3_env"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark tests ``mount`` and ``s3`` by the fixtures they use. A fixture parametrized with
+    "s3" (``store_cm``, ``drain``, ``nodes``) asks for ``s3_endpoint`` only when it runs, so
+    that parameter value counts as using it."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params.values() if callspec is not None else ()
+        if names & MOUNT_FIXTURES:
+            item.add_marker(pytest.mark.mount)
+        if names & S3_FIXTURES or any(v == "s3" for v in params):
+            item.add_marker(pytest.mark.s3)
 
 
 class CheckedGateway(Gateway):

@@ -230,7 +230,7 @@ def test_symlink_readlink_and_hard_link_refused(fs: Filesystem) -> None:
     s = fs.namespace.symlink(ROOT_INODE, b"latest", b"step_100/ckpt.pt", ME)
     assert stat.S_ISLNK(s.mode) and fs.namespace.readlink(s.id) == b"step_100/ckpt.pt"
     with pytest.raises(pyfuse3.FUSEError) as e:
-        trio.run(fs.operations.link, s.id, ROOT_INODE, b"x", cast(pyfuse3.RequestContext, ME))
+        trio.run(fs.operations().link, s.id, ROOT_INODE, b"x", cast(pyfuse3.RequestContext, ME))
     assert e.value.errno == errno.EPERM
 
 

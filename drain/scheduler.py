@@ -1,0 +1,278 @@
+"""The drain's scheduler: which file goes to the store when, and what happens after.
+
+It knows files by inode number and key only, and imports nothing of the filesystem: it is
+the filesystem's :class:`fsops.events.DrainEvents` (told when a file is quiet, changed, or
+when store operations were journaled), and it drives a :class:`Worker` (the engine) that
+looks at files and uploads them. Time comes from trio's clock, so tests run it with a fake
+clock and a fake worker.
+
+Rules:
+
+* A file is due ``settle`` seconds after it was last reported quiet; a file still being
+  written or fsynced is held until the next report.
+* At most ``max_files`` uploads at once, and never two for one key, nor one for a key that a
+  pending store operation touches (the worker's ``busy_keys``).
+* A change of a file during its upload cancels the upload; it is due again after the settle
+  delay.
+* Failures are retried later, in one place (:meth:`Scheduler._failed`): temporary ones after a
+  growing delay (up to 5 minutes), permanent ones every ``permanent_retry`` seconds, logged
+  once per file and error.
+* ``flush`` makes files due now, ahead of all others, and retries failed ones at once. The
+  emergency drain (SIGTERM, preemption) flushes everything, newest file first, with up to
+  ``max_parts`` uploads at once, and keeps skipping the settle delay for later files.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+import trio
+
+from drain.store import StoreError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    settle: float = 0.2
+    max_files: int = 4
+    emergency_files: int = 8  # uploads at once during the emergency drain
+    permanent_retry: float = 60.0
+
+
+class Ready(NamedTuple):
+    """A file that may be uploaded now: the key it goes to and its mtime (for ordering)."""
+
+    key: str
+    mtime_ns: int
+
+
+class Hold(enum.Enum):
+    GONE = "gone"  # clean, unlinked or no longer there: nothing to do
+    WRITING = "writing"  # open for writing: its last release reports it quiet again
+    SYNCING = "syncing"  # an fsync runs: its end reports it quiet again
+
+
+class Worker(Protocol):
+    def look(self, inode: int) -> Ready | Hold:
+        """Whether a due file can be uploaded now."""
+
+    def dirty(self) -> list[int]:
+        """Every file waiting to be drained (for a flush of everything)."""
+
+    def busy_keys(self) -> set[str]:
+        """Keys that pending store operations read or write."""
+
+    def begin(self, inode: int) -> None:
+        """Take a file :meth:`look` found ready: from now on a change of it is reported
+        (``changed``). Called in the same step as ``look``, so nothing comes in between."""
+
+    async def upload(self, inode: int, key: str) -> bool:
+        """Upload a file taken by :meth:`begin`; True if it is clean now, False if it changed
+        meanwhile (also when cancelled for that change: the worker cleans up after the
+        stale upload). Raises StoreError when the store refused."""
+
+
+@dataclass
+class _Running:
+    key: str
+    scope: trio.CancelScope
+    changed: bool = False
+
+
+class Scheduler:
+    def __init__(self, config: ScheduleConfig) -> None:
+        self.config = config
+        self._due: dict[int, float] = {}  # inode -> trio time it may start
+        self._failures: dict[int, int] = {}
+        self._running: dict[int, _Running] = {}
+        self._urgent: set[int] = set()  # flushed: before everything else, no settle delay
+        self._mtime: dict[int, int] = {}  # for the emergency order, looked up once
+        self.emergency: str | None = None  # why everything drains now, newest first
+        self.errors: dict[int, str] = {}  # inode -> why its last upload failed
+        self.dirty_since: dict[int, float] = {}  # inode -> wall time it was first reported
+        self._wake = trio.Event()
+        self._ended = trio.Event()  # an upload ended: a key may be free
+        self.ops_wanted = trio.Event()  # store operations were journaled or flushed
+        self._worker: Worker | None = None
+
+    # -- DrainEvents: what the filesystem reports (trio thread, never blocks) -----------------
+
+    def written(self, inode: int) -> None:
+        self._due[inode] = trio.current_time() + self.config.settle
+        self.dirty_since.setdefault(inode, time.time())
+        self._wake.set()
+
+    def changed(self, inode: int) -> None:
+        run = self._running.get(inode)
+        if run is not None:
+            run.changed = True
+            run.scope.cancel()
+
+    def store_ops_added(self) -> None:
+        self.ops_wanted.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Look at the due files again (a key became free)."""
+        self._wake.set()
+
+    # -- what operators ask for ------------------------------------------------------------------
+
+    def flush(self, inodes: Iterable[int] | None = None) -> None:
+        """Drain these files (every dirty file if None) now, before the others."""
+        if inodes is None:
+            inodes = self._worker.dirty() if self._worker is not None else list(self._due)
+        now = trio.current_time()
+        for inode in inodes:
+            self._urgent.add(inode)
+            self._failures.pop(inode, None)
+            if inode not in self._running:
+                self._due[inode] = min(self._due.get(inode, now), now)
+        self.store_ops_added()  # failed store operations are retried at once too
+
+    def start_emergency(self, reason: str) -> None:
+        """Drain everything now, newest first, at full concurrency (SIGTERM, preemption)."""
+        if self.emergency is None:
+            log.warning("emergency drain (%s): newest files first, no settle delay", reason)
+            self.emergency = reason
+        self.flush()
+
+    def uploading(self) -> dict[int, str]:
+        """inode -> key of every upload under way."""
+        return {inode: r.key for inode, r in self._running.items()}
+
+    def waiting(self) -> int:
+        """Files scheduled but not uploading."""
+        return len(self._due)
+
+    async def key_free(self, key: str) -> None:
+        """Return once no upload writes ``key``."""
+        while key in {r.key for r in self._running.values()}:
+            await self._ended.wait()
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        worker: Worker,
+        initial: Iterable[tuple[int, float]] = (),
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Schedule uploads until cancelled. ``initial``: (inode, wall time it became dirty)
+        of files left dirty by an earlier run, due at once."""
+        self._worker = worker
+        now = trio.current_time()
+        for inode, since in initial:
+            self._due[inode] = now
+            self.dirty_since[inode] = since
+        task_status.started()
+        async with trio.open_nursery() as nursery:
+            while True:
+                self._start_due(nursery, worker)
+                self._wake = trio.Event()
+                delay = min(self._due.values(), default=math.inf) - trio.current_time()
+                with trio.move_on_after(max(0.01, min(delay, 60.0))):
+                    await self._wake.wait()
+
+    def _order(self, worker: Worker, inode: int, due: float) -> tuple[bool, float]:
+        if self.emergency is None:
+            return inode not in self._urgent, due
+        mtime = self._mtime.get(inode)
+        if mtime is None:
+            look = worker.look(inode)
+            mtime = self._mtime[inode] = look.mtime_ns if isinstance(look, Ready) else 0
+        return inode not in self._urgent, -mtime
+
+    def _start_due(self, nursery: trio.Nursery, worker: Worker) -> None:
+        now = trio.current_time()
+        busy = {r.key for r in self._running.values()}
+        pending: set[str] | None = None
+        max_files = self.config.max_files
+        if self.emergency is not None:
+            max_files = max(max_files, self.config.emergency_files)
+        order = sorted(self._due.items(), key=lambda item: self._order(worker, *item))
+        for inode, due in order:
+            if len(self._running) >= max_files:
+                return
+            now_wanted = (self.emergency or inode in self._urgent) and inode not in self._failures
+            if (due > now and not now_wanted) or inode in self._running:
+                continue
+            look = worker.look(inode)
+            if look is Hold.GONE:
+                self._forget(inode)
+                continue
+            if look is Hold.WRITING:
+                del self._due[inode]  # the last writer's release reports it again
+                continue
+            if not isinstance(look, Ready):
+                continue  # syncing: the end of the fsync reports it again
+            if pending is None:
+                pending = worker.busy_keys()
+            if look.key in busy or look.key in pending:
+                continue
+            del self._due[inode]
+            worker.begin(inode)
+            run = self._running[inode] = _Running(look.key, trio.CancelScope())
+            busy.add(look.key)
+            nursery.start_soon(self._upload, worker, inode, run)
+
+    def _forget(self, inode: int) -> None:
+        """The file is clean or gone: nothing about it is pending any more."""
+        self._due.pop(inode, None)
+        self._urgent.discard(inode)
+        self._mtime.pop(inode, None)
+        self.errors.pop(inode, None)
+        self.dirty_since.pop(inode, None)
+
+    async def _upload(self, worker: Worker, inode: int, run: _Running) -> None:
+        started = trio.current_time()
+        try:
+            with run.scope:
+                clean = await worker.upload(inode, run.key)
+                self._failures.pop(inode, None)
+                if clean:
+                    self._forget(inode)
+                    log.info("uploaded %s in %.2f s", run.key, trio.current_time() - started)
+                else:
+                    run.changed = True
+        except StoreError as e:
+            self._failed(inode, run.key, e)
+        except Exception as e:  # a bug or a cache-disk error: this file waits, the rest goes on
+            log.exception("upload of %s failed unexpectedly", run.key)
+            self._failed(inode, run.key, StoreError(f"unexpected error: {e!r}", temporary=True))
+        finally:
+            del self._running[inode]
+            self._ended.set()
+            self._ended = trio.Event()
+            self._wake.set()
+        if run.changed and inode not in self._due:
+            self._due[inode] = trio.current_time() + self.config.settle
+
+    def _failed(self, inode: int, key: str, e: StoreError) -> None:
+        """The one place that decides when a failed file is tried again."""
+        n = self._failures[inode] = self._failures.get(inode, 0) + 1
+        repeated = self.errors.get(inode) == str(e)
+        self.errors[inode] = str(e)
+        if e.temporary:
+            delay = min(300.0, 2.0 * 2 ** min(n, 8))
+            log.warning("upload of %s failed (%s); retrying in %.0f s", key, e, delay)
+        else:
+            delay = self.config.permanent_retry
+            if not repeated:
+                log.error(
+                    "upload of %s failed: %s; the data stays in the cache and is tried again "
+                    "every %.0f s",
+                    key,
+                    e,
+                    delay,
+                )
+        self._due[inode] = trio.current_time() + delay

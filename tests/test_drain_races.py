@@ -1,0 +1,383 @@
+"""Races between the filesystem and the drain, made deterministic: a store step is held open
+(a gate) while the filesystem changes, then let go. The filesystem's operations are called
+directly (no mount), on a real file store; what the store ends up holding is read back."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+import xxhash
+
+from drain.engine import DrainConfig, DrainEngine
+from drain.filestore import FileStore
+from drain.listing import ListingConfig, Listings
+from drain.retry import RetryingStore, RetryPolicy, RetryStats
+from drain.scheduler import Scheduler
+from drain.store import Listing, Upload
+from drain.storeurl import parse_store_url
+from drain.upload import META_CHECKSUM, UploadConfig
+from fsops.filesystem import Filesystem, FsOptions
+from fsops.journal import ROOT_INODE, State
+from tests.conftest import errno_of
+from tests.test_ops import ME
+
+MiB = 1 << 20
+
+
+class GatedStore(FileStore):
+    """A file store whose chosen steps wait at a gate: ``entered`` is set when a call
+    reaches it, and it goes on once ``opened`` is set."""
+
+    def __init__(self, root: Path, *gated: str) -> None:
+        super().__init__(parse_store_url(f"file://{root}"))
+        self.gates = {name: (trio.Event(), trio.Event()) for name in gated}
+        self.initiated_long_ago = False
+
+    async def gate(self, name: str) -> None:
+        if name in self.gates:
+            entered, opened = self.gates[name]
+            entered.set()
+            await opened.wait()
+
+    def entered(self, name: str) -> trio.Event:
+        return self.gates[name][0]
+
+    def open(self, name: str) -> None:
+        self.gates[name][1].set()
+
+    async def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+        upload_id = await super().create_multipart(key, metadata)
+        await self.gate("create_multipart")  # created, but its answer is slow to come back
+        return upload_id
+
+    async def list_dir(self, prefix: str) -> Listing:
+        listing = await super().list_dir(prefix)  # taken now, handed over after the gate
+        await self.gate("list_dir")
+        return listing
+
+    async def delete(self, key: str) -> None:
+        await self.gate("delete")
+        await super().delete(key)
+
+    async def iter_uploads(self, prefix: str) -> AsyncIterator[Upload]:
+        await self.gate("iter_uploads")
+        async for u in super().iter_uploads(prefix):
+            if self.initiated_long_ago:  # as moto reports it: a fixed time in the past
+                u = Upload(u.key, u.upload_id, 0.0)
+            yield u
+
+
+@dataclass
+class Node:
+    fs: Filesystem
+    store: GatedStore
+    engine: DrainEngine
+    listings: Listings
+
+    async def write(self, parent: int, name: bytes, data: bytes, flags: int = 0) -> int:
+        ino = self.fs.table.lookup(parent, name)
+        if ino is None:
+            ino = self.fs.namespace.create_file(parent, name, 0o644, ME)
+        fh = await self.fs.files.open(ino, os.O_WRONLY | flags)
+        await self.fs.files.write(fh, 0, data)
+        await self.fs.files.fsync(fh, False)
+        self.fs.files.release(fh)
+        return ino.id
+
+    async def until(self, what: str, cond: Callable[[], bool], limit: float = 30) -> None:
+        with trio.fail_after(limit):
+            while not cond():
+                await trio.sleep(0.01)
+
+    async def drained(self) -> None:
+        await self.until("drained", self.engine.is_idle)
+
+    async def stored(self, key: str) -> tuple[bytes, dict[str, str]]:
+        info = await self.store.head(key)
+        assert info is not None, f"{key} is not in the store"
+        return await self.store.get(key), info.metadata
+
+
+@asynccontextmanager
+async def node(tmp_path: Path, *gated: str, **drain: Any) -> AsyncIterator[Node]:
+    store = GatedStore(tmp_path / "store", *gated)
+    await store.check()
+    scheduler = Scheduler(DrainConfig().schedule())
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    fs = Filesystem(cache, FsOptions(store_url=store.url, reserve_bytes=0), scheduler)
+    config = DrainConfig(
+        settle=0.01,
+        upload=UploadConfig(multipart_threshold=5 * MiB, part_size=5 * MiB),
+        **drain,
+    )
+    scheduler.config = config.schedule()
+    retrying = RetryingStore(store, RetryPolicy(attempts=2, base=0.01), RetryStats())
+    engine = DrainEngine(fs, retrying, config, scheduler)
+    listings = Listings(fs.table, fs.states, fs.keys, retrying, ListingConfig(ttl=0))
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            yield Node(fs, store, engine, listings)
+            nursery.cancel_scope.cancel()
+    finally:
+        fs.close()
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    trio.run(test)
+
+
+def xxh(data: bytes) -> str:
+    return xxhash.xxh3_128(data).hexdigest()
+
+
+def test_a_rewrite_in_place_while_the_upload_starts_is_stored_right(tmp_path: Path) -> None:
+    """The `latest.pt` pattern: the drain has taken the file and is creating its multipart
+    upload when the trainer rewrites it (O_TRUNC, same size, new bytes, fsync, close)."""
+    old, new = os.urandom(12 * MiB), os.urandom(12 * MiB)
+
+    async def test() -> None:
+        async with node(tmp_path, "create_multipart") as n:
+            inode = await n.write(ROOT_INODE, b"latest.pt", old)
+            await n.store.entered("create_multipart").wait()
+            assert n.fs.table.get(inode).state is State.UPLOADING
+            await n.write(ROOT_INODE, b"latest.pt", new, os.O_TRUNC)
+            n.store.open("create_multipart")
+            await n.drained()
+            data, meta = await n.stored("latest.pt")
+            assert data == new
+            assert meta[META_CHECKSUM] == xxh(new)
+            row = n.fs.table.get(inode)
+            assert (row.state, row.checksum) == (State.CLEAN, xxh(new))
+            assert n.fs.journal.all_uploads() == []
+
+    run(test)
+
+
+def test_a_longer_rewrite_during_the_upload_is_stored_whole(tmp_path: Path) -> None:
+    old, new = os.urandom(12 * MiB), os.urandom(14 * MiB)
+
+    async def test() -> None:
+        async with node(tmp_path, "create_multipart") as n:
+            inode = await n.write(ROOT_INODE, b"latest.pt", old)
+            await n.store.entered("create_multipart").wait()
+            await n.write(ROOT_INODE, b"latest.pt", new, os.O_TRUNC)
+            n.store.open("create_multipart")
+            await n.drained()
+            data, meta = await n.stored("latest.pt")
+            assert data == new and meta[META_CHECKSUM] == xxh(new)
+            assert n.fs.table.get(inode).state is State.CLEAN
+
+    run(test)
+
+
+def test_deleted_files_do_not_come_back_from_a_listing_older_than_the_delete(
+    tmp_path: Path,
+) -> None:
+    async def test() -> None:
+        async with node(tmp_path, "list_dir") as n:
+            d = n.fs.namespace.mkdir(ROOT_INODE, b"step_10", 0o755, ME)
+            for i in range(3):
+                await n.write(d.id, b"shard_%d" % i, os.urandom(1000))
+            await n.drained()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(n.listings.refresh, d)
+                await n.store.entered("list_dir").wait()  # it has seen the three objects
+                for i in range(3):
+                    n.fs.namespace.unlink(d.id, b"shard_%d" % i)
+                await n.drained()  # the deletes are done: tombstones
+                n.store.open("list_dir")
+            assert n.fs.journal.children(d.id, 0, 10) == []
+            n.fs.namespace.rmdir(ROOT_INODE, b"step_10")  # not ENOTEMPTY
+
+    run(test)
+
+
+def test_deleted_files_do_not_come_back_while_their_delete_is_pending(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with node(tmp_path, "delete") as n:
+            d = n.fs.namespace.mkdir(ROOT_INODE, b"step_10", 0o755, ME)
+            await n.write(d.id, b"shard", os.urandom(1000))
+            await n.drained()
+            n.fs.namespace.unlink(d.id, b"shard")
+            await n.store.entered("delete").wait()
+            await n.listings.refresh(d)  # the object is still there: the delete waits
+            assert n.fs.journal.children(d.id, 0, 10) == []
+            n.fs.namespace.rmdir(ROOT_INODE, b"step_10")
+            # Nor does the directory come back from a listing of its parent.
+            await n.listings.refresh(n.fs.table.get(ROOT_INODE))
+            assert n.fs.table.lookup(ROOT_INODE, b"step_10") is None
+            n.store.open("delete")
+            await n.drained()
+            assert not (n.store.root / "step_10" / "shard").exists()
+
+    run(test)
+
+
+def test_an_upload_created_while_orphans_are_listed_is_not_aborted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = os.urandom(12 * MiB)
+
+    async def test() -> None:
+        async with node(tmp_path, "iter_uploads", "create_multipart") as n:
+            n.store.initiated_long_ago = True
+            await n.store.entered("iter_uploads").wait()  # the orphan scan has begun
+            await n.write(ROOT_INODE, b"big.pt", data)
+            await n.store.entered("create_multipart").wait()  # created; not journaled yet
+            n.store.open("iter_uploads")  # the listing sees it now
+            await trio.sleep(0.05)
+            n.store.open("create_multipart")
+            await n.drained()
+            assert (await n.stored("big.pt"))[0] == data
+
+    with caplog.at_level(logging.INFO, logger="drain.engine"):
+        run(test)
+    assert "aborting orphaned upload" not in caplog.text
+
+
+def test_orphans_older_than_the_guard_and_unknown_to_the_journal_are_aborted(
+    tmp_path: Path,
+) -> None:
+    async def test() -> None:
+        store = FileStore(parse_store_url(f"file://{tmp_path / 'store'}"))
+        await store.check()
+        old = await store.create_multipart("old.pt", {})
+        young = await store.create_multipart("young.pt", {})
+        day_ago = time.time() - 2 * 86400
+        os.utime(store.root / ".ckptgw-uploads" / old, (day_ago, day_ago))
+        async with node(tmp_path, orphan_age=86400) as n:
+            await n.until("scan", lambda: old not in _uploads(n.store))
+            assert young in _uploads(n.store)
+
+    run(test)
+
+
+def _uploads(store: FileStore) -> set[str]:
+    root = store.root / ".ckptgw-uploads"
+    return {p.name for p in root.iterdir()} if root.exists() else set()
+
+
+def test_an_upload_interrupted_by_a_restart_resumes_as_dirty(tmp_path: Path) -> None:
+    async def first() -> None:
+        async with node(tmp_path, "create_multipart") as n:
+            await n.write(ROOT_INODE, b"f", os.urandom(12 * MiB))
+            await n.store.entered("create_multipart").wait()
+            n.store.open("create_multipart")
+            await n.until("recorded", lambda: bool(n.fs.journal.all_uploads()))
+            # the gateway stops here, mid-upload
+
+    async def second() -> None:
+        async with node(tmp_path) as n:
+            await n.drained()
+            row = n.fs.journal.lookup(ROOT_INODE, b"f")
+            assert row is not None and row.state is State.CLEAN
+
+    run(first)
+    url = f"file://{tmp_path / 'store'}"
+    fs = Filesystem(tmp_path / "cache", FsOptions(store_url=url, reserve_bytes=0))
+    try:  # recovery: what was uploading is dirty again, to be taken by the drain anew
+        row = fs.journal.lookup(ROOT_INODE, b"f")
+        assert row is not None and row.state is State.DIRTY
+    finally:
+        fs.close()
+    run(second)
+
+
+def test_an_unlink_during_the_upload_leaves_nothing_in_the_store(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with node(tmp_path, "create_multipart") as n:
+            await n.write(ROOT_INODE, b"tmp.pt", os.urandom(12 * MiB))
+            await n.store.entered("create_multipart").wait()
+            n.fs.namespace.unlink(ROOT_INODE, b"tmp.pt")
+            n.store.open("create_multipart")
+            await n.drained()
+            await n.until("no uploads", lambda: not _uploads(n.store))
+            assert not (n.store.root / "tmp.pt").exists()
+
+    run(test)
+
+
+# -- truncate and the bounded cache -------------------------------------------------------------
+
+
+def test_a_sparse_truncate_charges_nothing_and_a_huge_one_gets_the_disks_efbig(
+    tmp_path: Path,
+) -> None:
+    from fsops.namespace import AttrChange
+
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"")
+    want = errno_of(os.truncate, probe, 1 << 62)  # what the cache disk says (EFBIG on ext4)
+
+    async def test() -> None:
+        fs = Filesystem(
+            tmp_path / "c",
+            FsOptions(store_url="file:///x", reserve_bytes=0, cache_limit=MiB, write_wait=60),
+        )
+        try:
+            ino = fs.namespace.create_file(ROOT_INODE, b"sparse", 0o644, ME)
+            t0 = trio.current_time()
+            await fs.namespace.setattr(ino.id, AttrChange(size=200 << 30))  # 200 GiB of hole
+            assert fs.table.get(ino.id).size == 200 << 30
+            assert fs.cache.used == 0
+            with pytest.raises(OSError) as e:
+                await fs.namespace.setattr(ino.id, AttrChange(size=1 << 62))
+            assert e.value.errno == want
+            assert trio.current_time() - t0 < 60  # never waited for room
+        finally:
+            fs.close()
+
+    (tmp_path / "c").mkdir()
+    trio.run(test, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_write_larger_than_the_whole_cache_fails_at_once(tmp_path: Path) -> None:
+    async def test() -> None:
+        fs = Filesystem(
+            tmp_path,
+            FsOptions(store_url="file:///x", reserve_bytes=0, cache_limit=MiB, write_wait=60),
+        )
+        try:
+            ino = fs.namespace.create_file(ROOT_INODE, b"big", 0o644, ME)
+            fh = await fs.files.open(ino, os.O_WRONLY)
+            t0 = trio.current_time()
+            with pytest.raises(OSError) as e:
+                await fs.files.write(fh, 0, b"x" * (2 * MiB))
+            assert e.value.errno == errno.ENOSPC
+            assert trio.current_time() == t0  # no wait: it could never fit
+            await fs.files.write(fh, 0, b"x" * 1000)  # what fits still goes
+            fs.files.release(fh)
+        finally:
+            fs.close()
+
+    trio.run(test, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_directory_rename_keeps_its_ctime_across_a_remount(tmp_path: Path) -> None:
+    opts = FsOptions(store_url="file:///x", reserve_bytes=0)
+    fs = Filesystem(tmp_path, opts)
+    d = fs.namespace.mkdir(ROOT_INODE, b"a", 0o755, ME)
+    before = d.ctime_ns
+    fs.namespace.rename(ROOT_INODE, b"a", ROOT_INODE, b"b", 0)
+    after = fs.table.get(d.id).ctime_ns
+    assert after > before
+    fs.close()
+    fs = Filesystem(tmp_path, opts)
+    try:
+        row = fs.journal.lookup(ROOT_INODE, b"b")
+        assert row is not None and row.ctime_ns == after
+    finally:
+        fs.close()

@@ -1,0 +1,600 @@
+"""RetryingStore: every call retried, listings restarted without repeats, copies above the
+store's copy limit done part by part with each step retried and the abort shielded.
+
+Deterministic: an in-memory store injects the faults, and trio's mock clock jumps over every
+backoff wait. The part copy primitive is also run against the file store and, through S3's
+UploadPartCopy, against moto."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from drain.retry import ABORT_TIMEOUT, RetryingStore, RetryPolicy, RetryStats
+from drain.store import Listing, NotFound, ObjectInfo, Stale, Store, StoreError, Upload
+from drain.stores import open_store
+from drain.storeurl import parse_store_url
+
+POLICY = RetryPolicy(attempts=4, base=0.1, cap=1.0)
+Hook = Callable[[], Awaitable[None]]
+Fault = StoreError | Hook
+
+
+def temporary(message: str = "503 SlowDown") -> StoreError:
+    return StoreError(message, temporary=True, code="SlowDown")
+
+
+def run(fn: Callable[[], Awaitable[None]]) -> None:
+    trio.run(fn, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+class MemoryStore(Store):
+    """A store in a dict that counts calls per method and fails them on request: ``fail``
+    queues faults (an error to raise, or a hook to await first) for a method's next calls,
+    ``cut`` makes a listing raise after it has yielded some items."""
+
+    def __init__(self, copy_limit: int | None = None) -> None:
+        self.url = "mem://test/"
+        self.copy_limit = copy_limit
+        self.objects: dict[str, tuple[bytes, dict[str, str], str]] = {}  # data, metadata, ETag
+        self.uploads: dict[str, tuple[str, dict[str, str], dict[int, tuple[bytes, str]]]] = {}
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.faults: dict[str, list[Fault]] = collections.defaultdict(list)
+        self.cuts: dict[str, list[tuple[int, StoreError]]] = collections.defaultdict(list)
+        self._serial = itertools.count(1)
+
+    def fail(self, method: str, *faults: Fault) -> None:
+        self.faults[method].extend(faults)
+
+    def cut(self, method: str, after: int, error: StoreError) -> None:
+        self.cuts[method].append((after, error))
+
+    async def _enter(self, method: str) -> None:
+        self.calls[method] += 1
+        await trio.lowlevel.checkpoint()
+        if self.faults[method]:
+            fault = self.faults[method].pop(0)
+            if isinstance(fault, StoreError):
+                raise fault
+            await fault()
+
+    def _etag(self) -> str:
+        return f"etag-{next(self._serial)}"
+
+    def _upload(self, upload_id: str) -> tuple[str, dict[str, str], dict[int, tuple[bytes, str]]]:
+        if upload_id not in self.uploads:
+            raise NotFound(f"upload {upload_id}: not found", "NoSuchUpload")
+        return self.uploads[upload_id]
+
+    async def check(self) -> None:
+        await self._enter("check")
+
+    async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
+        await self._enter("put")
+        etag = self._etag()
+        self.objects[key] = (data, dict(metadata), etag)
+        return etag
+
+    async def get(
+        self, key: str, start: int = 0, end: int | None = None, *, etag: str | None = None
+    ) -> bytes:
+        await self._enter("get")
+        if key not in self.objects:
+            raise NotFound(f"GET {key}: not found")
+        data, _, current = self.objects[key]
+        if etag is not None and etag != current:
+            raise Stale(f"GET {key}: changed")
+        return data[start:end]
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        await self._enter("head")
+        if key not in self.objects:
+            return None
+        data, metadata, etag = self.objects[key]
+        return ObjectInfo(key, len(data), etag, dict(metadata))
+
+    async def delete(self, key: str) -> None:
+        await self._enter("delete")
+        self.objects.pop(key, None)
+
+    async def delete_many(self, keys: list[str]) -> None:
+        await self._enter("delete_many")
+        for key in keys:
+            self.objects.pop(key, None)
+
+    async def copy(self, src: str, dst: str) -> str:
+        await self._enter("copy")
+        if src not in self.objects:
+            raise NotFound(f"COPY {src}: not found")
+        data, metadata, _ = self.objects[src]
+        assert self.copy_limit is None or len(data) <= self.copy_limit, "too big for one copy"
+        etag = self._etag()
+        self.objects[dst] = (data, metadata, etag)
+        return etag
+
+    async def iter_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        self.calls["iter_objects"] += 1
+        cut = self.cuts["iter_objects"].pop(0) if self.cuts["iter_objects"] else None
+        for n, key in enumerate(sorted(k for k in self.objects if k.startswith(prefix))):
+            await trio.lowlevel.checkpoint()
+            if cut is not None and n == cut[0]:
+                raise cut[1]
+            if key in self.objects:
+                data, _, etag = self.objects[key]
+                yield ObjectInfo(key, len(data), etag)
+
+    async def list_dir(self, prefix: str) -> Listing:
+        await self._enter("list_dir")
+        objects = [ObjectInfo(k, len(d), e) for k, (d, _, e) in sorted(self.objects.items())]
+        return Listing([o for o in objects if o.key.startswith(prefix)], [])
+
+    async def put_tags(self, key: str, tags: dict[str, str]) -> None:
+        await self._enter("put_tags")
+
+    async def get_lifecycle(self) -> list[dict[str, Any]]:
+        await self._enter("get_lifecycle")
+        return []
+
+    async def put_lifecycle(self, rules: list[dict[str, Any]]) -> None:
+        await self._enter("put_lifecycle")
+
+    async def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+        await self._enter("create_multipart")
+        upload_id = f"up{next(self._serial)}"
+        self.uploads[upload_id] = (key, dict(metadata), {})
+        return upload_id
+
+    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+        await self._enter("upload_part")
+        etag = self._etag()
+        self._upload(upload_id)[2][number] = (data, etag)
+        return etag
+
+    async def copy_part(
+        self,
+        src: str,
+        dst: str,
+        upload_id: str,
+        number: int,
+        start: int,
+        end: int,
+        *,
+        etag: str | None = None,
+    ) -> str:
+        await self._enter("copy_part")
+        parts = self._upload(upload_id)[2]
+        if src not in self.objects:
+            raise NotFound(f"COPY part {number} {src}: not found")
+        data, _, current = self.objects[src]
+        if etag is not None and etag != current:
+            raise Stale(f"COPY part {number} {src}: changed")
+        part_etag = self._etag()
+        parts[number] = (data[start:end], part_etag)
+        return part_etag
+
+    async def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
+        await self._enter("list_parts")
+        return {n: e for n, (_, e) in self._upload(upload_id)[2].items()}
+
+    async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> str:
+        await self._enter("complete_multipart")
+        _, metadata, parts = self._upload(upload_id)
+        if [parts[n][1] for n in range(1, len(etags) + 1)] != etags:
+            raise StoreError(f"COMPLETE {key}: wrong parts", temporary=False, code="InvalidPart")
+        etag = self._etag()
+        self.objects[key] = (
+            b"".join(parts[n][0] for n in range(1, len(etags) + 1)),
+            metadata,
+            etag,
+        )
+        del self.uploads[upload_id]
+        return etag
+
+    async def abort_multipart(self, key: str, upload_id: str) -> None:
+        await self._enter("abort_multipart")
+        self.uploads.pop(upload_id, None)
+
+    async def iter_uploads(self, prefix: str) -> AsyncIterator[Upload]:
+        self.calls["iter_uploads"] += 1
+        cut = self.cuts["iter_uploads"].pop(0) if self.cuts["iter_uploads"] else None
+        for n, (upload_id, (key, _, _)) in enumerate(sorted(self.uploads.items())):
+            await trio.lowlevel.checkpoint()
+            if cut is not None and n == cut[0]:
+                raise cut[1]
+            if key.startswith(prefix):
+                yield Upload(key, upload_id, 0.0)
+
+
+def wrapped(store: Store, policy: RetryPolicy = POLICY) -> RetryingStore:
+    return RetryingStore(store, policy, RetryStats())
+
+
+async def seeded() -> tuple[MemoryStore, str, str]:
+    """A store with object "k" and an upload of "up" that has part 1; the calls so far are
+    not counted."""
+    s = MemoryStore()
+    await s.put("k", b"hello world", {"m": "1"})
+    uid = await s.create_multipart("up", {})
+    part = await s.upload_part("up", uid, 1, b"part one")
+    s.calls.clear()
+    return s, uid, part
+
+
+# Each method family through the wrapper: (method name, the call on the wrapper, upload id,
+# ETag of the upload's part 1).
+FAMILIES: dict[str, Callable[[RetryingStore, str, str], Awaitable[object]]] = {
+    "check": lambda rs, uid, part: rs.check(),
+    "put": lambda rs, uid, part: rs.put("new", b"x", {}),
+    "get": lambda rs, uid, part: rs.get("k", 0, 5),
+    "head": lambda rs, uid, part: rs.head("k"),
+    "delete": lambda rs, uid, part: rs.delete("k"),
+    "delete_many": lambda rs, uid, part: rs.delete_many(["k", "gone"]),
+    "copy": lambda rs, uid, part: rs.copy("k", "k2"),
+    "list_dir": lambda rs, uid, part: rs.list_dir(""),
+    "put_tags": lambda rs, uid, part: rs.put_tags("k", {"a": "b"}),
+    "get_lifecycle": lambda rs, uid, part: rs.get_lifecycle(),
+    "put_lifecycle": lambda rs, uid, part: rs.put_lifecycle([]),
+    "create_multipart": lambda rs, uid, part: rs.create_multipart("k3", {}),
+    "upload_part": lambda rs, uid, part: rs.upload_part("up", uid, 2, b"two"),
+    "copy_part": lambda rs, uid, part: rs.copy_part("k", "up", uid, 2, 0, 5),
+    "list_parts": lambda rs, uid, part: rs.list_parts("up", uid),
+    "complete_multipart": lambda rs, uid, part: rs.complete_multipart("up", uid, [part]),
+    "abort_multipart": lambda rs, uid, part: rs.abort_multipart("up", uid),
+}
+
+
+@pytest.mark.parametrize("method", sorted(FAMILIES))
+def test_every_call_is_retried_until_it_succeeds(method: str) -> None:
+    async def go() -> None:
+        s, uid, part = await seeded()
+        rs = wrapped(s)
+        s.fail(method, temporary("first"), temporary("second"))
+        await FAMILIES[method](rs, uid, part)
+        assert s.calls[method] == 3
+        assert rs.stats.retries == 2 and rs.stats.errors == {"SlowDown": 2}
+        assert trio.current_time() > 0  # the backoff waited (in mock time)
+
+    run(go)
+
+
+@pytest.mark.parametrize("method", sorted(FAMILIES))
+def test_a_permanent_error_is_raised_after_one_call(method: str) -> None:
+    async def go() -> None:
+        s, uid, part = await seeded()
+        rs = wrapped(s)
+        denied = StoreError("403 AccessDenied", temporary=False, code="AccessDenied")
+        s.fail(method, denied)
+        with pytest.raises(StoreError) as e:
+            await FAMILIES[method](rs, uid, part)
+        assert e.value is denied and s.calls[method] == 1
+        assert rs.stats.retries == 0 and rs.stats.errors == {"AccessDenied": 1}
+
+    run(go)
+
+
+def test_not_found_and_stale_are_not_retried() -> None:
+    async def go() -> None:
+        s, _, _ = await seeded()
+        rs = wrapped(s)
+        with pytest.raises(NotFound):
+            await rs.get("missing")
+        assert s.calls["get"] == 1
+        with pytest.raises(Stale):
+            await rs.get("k", etag="an old version")
+        assert s.calls["get"] == 2
+        with pytest.raises(NotFound):
+            await rs.list_parts("up", "no-such-upload")
+        assert s.calls["list_parts"] == 1
+        assert rs.stats.retries == 0
+        assert await rs.head("missing") is None  # HEAD of nothing is an answer, not an error
+
+    run(go)
+
+
+def test_attempts_are_bounded_and_the_last_error_is_raised() -> None:
+    async def go() -> None:
+        s, _, _ = await seeded()
+        rs = wrapped(s)
+        errors = [temporary(f"503 number {n}") for n in range(1, 11)]
+        s.fail("put", *errors)
+        with pytest.raises(StoreError) as e:
+            await rs.put("k", b"x", {})
+        assert e.value is errors[POLICY.attempts - 1]
+        assert s.calls["put"] == POLICY.attempts
+        assert rs.stats.retries == POLICY.attempts - 1
+        assert rs.stats.errors == {"SlowDown": POLICY.attempts}
+        assert rs.stats.last_error == "put k: 503 number 4"
+
+    run(go)
+
+
+def test_retry_after_is_honoured() -> None:
+    async def go() -> None:
+        s, _, _ = await seeded()
+        rs = wrapped(s, RetryPolicy(attempts=3, base=0.01, cap=30))
+        s.fail("head", StoreError("throttled", temporary=True, retry_after=7.0))
+        await rs.head("k")
+        assert trio.current_time() >= 7.0
+
+    run(go)
+
+
+def test_labels_name_the_call_and_the_key() -> None:
+    async def go() -> None:
+        s, uid, _ = await seeded()
+        rs = wrapped(s)
+        expected: dict[str, tuple[str, Callable[[], Awaitable[object]]]] = {
+            "get": ("GET k [2, 5)", lambda: rs.get("k", 2, 5)),
+            "copy_part": ("part 2 of up", lambda: rs.copy_part("k", "up", uid, 2, 0, 5)),
+            "create_multipart": ("create upload of x", lambda: rs.create_multipart("x", {})),
+            "list_parts": ("list parts of up", lambda: rs.list_parts("up", uid)),
+            "delete": ("delete k", lambda: rs.delete("k")),
+            "complete_multipart": ("complete up", lambda: rs.complete_multipart("up", uid, [])),
+            "abort_multipart": ("abort upload of up", lambda: rs.abort_multipart("up", uid)),
+        }
+        for method, (label, call) in expected.items():
+            s.fail(method, temporary("boom"))
+            await call()
+            assert rs.stats.last_error.startswith(label), (method, rs.stats.last_error)
+            assert rs.stats.last_error.endswith(": boom")
+
+    run(go)
+
+
+def test_with_policy_shares_the_store_and_the_stats() -> None:
+    async def go() -> None:
+        s, _, _ = await seeded()
+        rs = wrapped(s)
+        quick = rs.with_policy(RetryPolicy(attempts=2, base=0.01, cap=0.1))
+        assert quick.inner is s and quick.stats is rs.stats and quick.url == s.url
+        assert quick.policy.attempts == 2 and rs.policy is POLICY
+        s.fail("list_dir", temporary(), temporary(), temporary())
+        with pytest.raises(StoreError):
+            await quick.list_dir("")
+        assert s.calls["list_dir"] == 2 and rs.stats.retries == 1
+        assert sum(rs.stats.errors.values()) == 2
+        await rs.list_dir("")  # the third fault, then a success under the longer policy
+        assert rs.stats.retries == 2
+
+    run(go)
+
+
+def test_a_retrying_store_is_not_wrapped_twice() -> None:
+    rs = wrapped(MemoryStore())
+    with pytest.raises(TypeError):
+        RetryingStore(rs, POLICY, RetryStats())
+
+
+# -- listings ----------------------------------------------------------------------------------
+
+
+def test_object_listing_restarts_and_yields_each_key_once_in_order() -> None:
+    async def go() -> None:
+        s = MemoryStore()
+        for k in ("a/1", "a/3", "a/5", "a/7", "b/1"):
+            await s.put(k, k.encode(), {})
+        rs = wrapped(s)
+        s.cut("iter_objects", 2, temporary())
+        s.cut("iter_objects", 3, temporary())
+        keys = []
+        async for o in rs.iter_objects("a/"):
+            keys.append(o.key)
+            if o.key == "a/3":  # changes between the attempts: before the last yielded key
+                await s.put("a/2", b"", {})  # stays out (keys in order), after it comes in
+                await s.put("a/6", b"", {})
+        assert keys == ["a/1", "a/3", "a/5", "a/6", "a/7"]
+        assert s.calls["iter_objects"] == 3 and rs.stats.retries == 2
+
+    run(go)
+
+
+def test_upload_listing_restarts_and_yields_each_upload_once() -> None:
+    async def go() -> None:
+        s = MemoryStore()
+        for k in ("u/1", "u/2", "u/3"):
+            await s.create_multipart(k, {})
+        rs = wrapped(s)
+        s.cut("iter_uploads", 1, temporary())
+        s.cut("iter_uploads", 2, temporary())
+        found = [(u.key, u.upload_id) async for u in rs.iter_uploads("u/")]
+        assert sorted(found) == sorted((k, i) for i, (k, _, _) in s.uploads.items())
+        assert len(found) == 3 and s.calls["iter_uploads"] == 3 and rs.stats.retries == 2
+
+    run(go)
+
+
+def test_a_listing_gives_up_after_the_attempts_and_on_a_permanent_error() -> None:
+    async def go() -> None:
+        s = MemoryStore()
+        for k in ("a", "b", "c"):
+            await s.put(k, b"", {})
+        rs = wrapped(s)
+        for _ in range(POLICY.attempts):
+            s.cut("iter_objects", 1, temporary())
+        keys = []
+        with pytest.raises(StoreError):
+            async for o in rs.iter_objects(""):
+                keys.append(o.key)
+        assert keys == ["a"] and s.calls["iter_objects"] == POLICY.attempts
+
+        s.calls.clear()
+        denied = StoreError("403", temporary=False, code="AccessDenied")
+        s.cut("iter_uploads", 0, denied)
+        await s.create_multipart("x", {})
+        with pytest.raises(StoreError) as e:
+            async for _ in rs.iter_uploads(""):
+                pass
+        assert e.value is denied and s.calls["iter_uploads"] == 1
+
+    run(go)
+
+
+# -- copies ------------------------------------------------------------------------------------
+
+
+def test_small_copies_are_one_retried_call() -> None:
+    async def go() -> None:
+        s = MemoryStore(copy_limit=100)
+        await s.put("src", b"0123456789", {"m": "1"})
+        rs = wrapped(s)
+        assert rs.copy_limit is None  # the wrapper copies any size
+        s.fail("copy", temporary())
+        await rs.copy("src", "dst")
+        assert s.objects["dst"][:2] == (b"0123456789", {"m": "1"})
+        assert s.calls["copy"] == 2 and s.calls["copy_part"] == 0
+        with pytest.raises(NotFound):
+            await rs.copy("missing", "dst2")
+        assert s.calls["copy"] == 2  # the HEAD said so: no copy sent
+
+    run(go)
+
+
+def test_a_large_copy_goes_in_parts_each_retried_alone() -> None:
+    async def go() -> None:
+        s = MemoryStore(copy_limit=4)
+        await s.put("src", b"0123456789", {"m": "1"})
+        rs = wrapped(s)
+        s.fail("copy_part", temporary())
+        s.fail("complete_multipart", temporary())
+        etag = await rs.copy("src", "dst")
+        data, metadata, stored = s.objects["dst"]
+        assert (data, metadata, stored) == (b"0123456789", {"m": "1"}, etag)
+        assert s.calls["copy"] == 0 and s.calls["create_multipart"] == 1
+        assert s.calls["copy_part"] == 4  # parts [0, 4) [4, 8) [8, 10), the first one twice
+        assert s.calls["complete_multipart"] == 2
+        assert s.uploads == {} and s.calls["abort_multipart"] == 0
+        assert rs.stats.retries == 2
+
+    run(go)
+
+
+def test_a_part_that_fails_for_good_aborts_the_copy() -> None:
+    async def go() -> None:
+        s = MemoryStore(copy_limit=4)
+        await s.put("src", b"0123456789", {})
+        rs = wrapped(s)
+        s.fail("copy_part", temporary(), StoreError("bad", temporary=False))
+        s.fail("abort_multipart", temporary())  # the abort is retried too
+        with pytest.raises(StoreError, match="bad"):
+            await rs.copy("src", "dst")
+        assert s.calls["copy_part"] == 2 and s.calls["abort_multipart"] == 2
+        assert s.uploads == {} and "dst" not in s.objects
+
+    run(go)
+
+
+def test_a_source_rewritten_during_the_copy_is_stale_not_mixed() -> None:
+    async def go() -> None:
+        s = MemoryStore(copy_limit=4)
+        await s.put("src", b"0123456789", {})
+        rs = wrapped(s)
+
+        async def rewrite() -> None:
+            await s.put("src", b"abcdefghij", {})
+
+        # Part 1 is retried and lands, part 2 finds the source rewritten.
+        s.fail("copy_part", temporary(), trio.lowlevel.checkpoint, rewrite)
+        with pytest.raises(Stale):
+            await rs.copy("src", "dst")
+        assert s.calls["copy_part"] == 3 and s.uploads == {} and "dst" not in s.objects
+
+    run(go)
+
+
+def test_a_cancelled_copy_still_aborts_its_upload() -> None:
+    async def go() -> None:
+        s = MemoryStore(copy_limit=4)
+        await s.put("src", b"0123456789", {})
+        rs = wrapped(s)
+        with trio.CancelScope() as scope:
+
+            async def cancel_and_hang() -> None:
+                scope.cancel()
+                await trio.sleep_forever()
+
+            async def slow_abort() -> None:
+                await trio.sleep(1)  # a checkpoint: cancelled unless shielded
+
+            s.fail("copy_part", StoreError("x", temporary=True), cancel_and_hang)
+            s.fail("abort_multipart", slow_abort)
+            await rs.copy("src", "dst")
+        assert scope.cancelled_caught
+        assert s.calls["abort_multipart"] == 1 and s.uploads == {}
+
+    run(go)
+
+
+def test_an_abort_that_hangs_gives_up_after_its_timeout() -> None:
+    async def go() -> None:
+        s = MemoryStore(copy_limit=4)
+        await s.put("src", b"0123456789", {})
+        rs = wrapped(s)
+        s.fail("copy_part", StoreError("bad", temporary=False))
+        s.fail("abort_multipart", trio.sleep_forever)
+        t0 = trio.current_time()
+        with pytest.raises(StoreError, match="bad"):
+            await rs.copy("src", "dst")
+        assert trio.current_time() - t0 == pytest.approx(ABORT_TIMEOUT)
+        assert len(s.uploads) == 1  # left for the orphan sweep
+
+    run(go)
+
+
+def test_file_store_copies_in_parts(tmp_path: Path) -> None:
+    async def go() -> None:
+        async with open_store(parse_store_url(f"file://{tmp_path}")) as fs:
+            data = os.urandom(10_000)
+            etag = await fs.put("src", data, {"m": "1"})
+            fs.copy_limit = 4096  # as if it were S3 with a tiny limit: three parts
+            rs = wrapped(fs)
+            await rs.copy("src", "dst")
+            assert await fs.get("dst") == data
+            info = await fs.head("dst")
+            assert info is not None and info.metadata == {"m": "1"}
+            assert [u async for u in fs.iter_uploads("")] == []
+            uid = await fs.create_multipart("dst2", {})
+            with pytest.raises(Stale):
+                await fs.copy_part("src", "dst2", uid, 1, 0, 10, etag=etag + "x")
+            assert await fs.copy_part("src", "dst2", uid, 1, 0, 10, etag=etag)
+            with pytest.raises(NotFound):
+                await fs.copy_part("missing", "dst2", uid, 2, 0, 10)
+
+    trio.run(go)
+
+
+def test_s3_copies_in_parts_with_upload_part_copy(s3_endpoint: str, bucket: str) -> None:
+    """UploadPartCopy against moto, with the copy limit lowered to S3's minimum part size
+    (a real 5 GiB object is too big for a test)."""
+
+    async def go() -> None:
+        url = parse_store_url(f"s3://{bucket}/pre/")
+        async with open_store(url, s3_endpoint) as s3:
+            data = os.urandom((5 << 20) + 1000)
+            etag = await s3.put("pre/src", data, {"xxh3-128": "abc"})
+            with pytest.raises(NotFound):
+                await s3.copy("pre/missing", "pre/x")
+            s3.copy_limit = 5 << 20
+            rs = wrapped(s3)
+            new = await rs.copy("pre/src", "pre/dst")
+            assert await s3.get("pre/dst") == data
+            info = await s3.head("pre/dst")
+            assert info is not None and info.etag == new and info.metadata == {"xxh3-128": "abc"}
+            assert [u async for u in s3.iter_uploads("pre/")] == []
+            uid = await s3.create_multipart("pre/dst2", {})
+            try:
+                with pytest.raises(NotFound):
+                    await s3.copy_part("pre/missing", "pre/dst2", uid, 1, 0, 10)
+                assert await s3.copy_part("pre/src", "pre/dst2", uid, 1, 0, 10, etag=etag)
+                # (moto ignores CopySourceIfMatch, so a stale source is not tested here)
+            finally:
+                await s3.abort_multipart("pre/dst2", uid)
+
+    trio.run(go)

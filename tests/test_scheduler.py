@@ -1,0 +1,374 @@
+"""The drain scheduler alone: a fake clock (trio's MockClock) and a fake worker that records
+what it was asked and finishes uploads when the test says so. No filesystem, no store."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+import trio
+import trio.testing
+
+from drain.scheduler import Hold, Ready, ScheduleConfig, Scheduler
+from drain.store import StoreError
+
+SETTLE = 0.2
+
+
+@dataclass
+class FakeFile:
+    key: str
+    mtime_ns: int = 0
+    hold: Hold | None = None  # what look() answers instead of Ready
+    dirty: bool = True
+
+
+@dataclass
+class FakeWorker:
+    files: dict[int, FakeFile] = field(default_factory=dict)
+    busy: set[str] = field(default_factory=set)
+    started: list[tuple[float, int]] = field(default_factory=list)  # (time, inode)
+    begun: list[int] = field(default_factory=list)
+    # What each upload of an inode does, in turn: "ok", "changed", a StoreError, or "wait"
+    # (block until released through `release`).
+    script: dict[int, list[object]] = field(default_factory=dict)
+    gates: dict[int, trio.Event] = field(default_factory=dict)
+    cancelled: list[int] = field(default_factory=list)
+
+    def look(self, inode: int) -> Ready | Hold:
+        f = self.files.get(inode)
+        if f is None or not f.dirty:
+            return Hold.GONE
+        return f.hold if f.hold is not None else Ready(f.key, f.mtime_ns)
+
+    def dirty(self) -> list[int]:
+        return [i for i, f in self.files.items() if f.dirty]
+
+    def busy_keys(self) -> set[str]:
+        return set(self.busy)
+
+    def begin(self, inode: int) -> None:
+        self.begun.append(inode)
+
+    async def upload(self, inode: int, key: str) -> bool:
+        self.started.append((trio.current_time(), inode))
+        steps = self.script.get(inode) or ["ok"]
+        step = steps.pop(0) if len(steps) > 1 else steps[0]
+        if step == "wait":
+            gate = self.gates[inode] = trio.Event()
+            try:
+                await gate.wait()
+            except trio.Cancelled:
+                self.cancelled.append(inode)
+                return False  # a real worker cleans up, then reports "changed"
+            return self._clean(inode)
+        if isinstance(step, StoreError):
+            raise step
+        if step == "changed":
+            return False
+        return self._clean(inode)
+
+    def _clean(self, inode: int) -> bool:
+        self.files[inode].dirty = False
+        return True
+
+    def release(self, inode: int) -> None:
+        self.gates.pop(inode).set()
+
+
+def run(test: Callable[[Scheduler, FakeWorker], Awaitable[None]], **cfg: object) -> None:
+    """Run ``test`` with a scheduler on a fake clock that jumps when everything waits."""
+
+    async def main() -> None:
+        scheduler = Scheduler(ScheduleConfig(settle=SETTLE, **cfg))  # type: ignore[arg-type]
+        worker = FakeWorker()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(scheduler.run, worker)
+            await test(scheduler, worker)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def starts(worker: FakeWorker, inode: int) -> list[float]:
+    return [t for t, i in worker.started if i == inode]
+
+
+def test_a_quiet_file_starts_after_the_settle_delay() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("a")
+        t0 = trio.current_time()
+        s.written(1)
+        await trio.sleep(SETTLE / 2)
+        s.written(1)  # an fsync's end restarts the delay
+        await trio.sleep(10)
+        assert starts(w, 1) == [pytest.approx(t0 + SETTLE / 2 + SETTLE)]
+        assert w.begun == [1]
+        assert 1 not in s.dirty_since  # clean: forgotten
+
+    run(test)
+
+
+def test_a_file_being_written_is_held_until_reported_again() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("a", hold=Hold.WRITING)
+        s.written(1)
+        await trio.sleep(10)
+        assert starts(w, 1) == []
+        assert s.waiting() == 0  # dropped: the last release reports it again
+        w.files[1].hold = None
+        s.written(1)
+        await trio.sleep(10)
+        assert len(starts(w, 1)) == 1
+
+    run(test)
+
+
+def test_a_file_being_fsynced_waits_without_being_dropped() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("a", hold=Hold.SYNCING)
+        s.written(1)
+        await trio.sleep(10)
+        assert starts(w, 1) == [] and s.waiting() == 1
+        w.files[1].hold = None
+        s.written(1)
+        await trio.sleep(10)
+        assert len(starts(w, 1)) == 1
+
+    run(test)
+
+
+def test_a_write_during_the_upload_cancels_it_and_it_goes_again() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("a")
+        w.script[1] = ["wait", "ok"]
+        s.written(1)
+        await trio.sleep(1)
+        assert s.uploading() == {1: "a"}
+        s.changed(1)  # the filesystem: its content is about to change
+        await trio.sleep(0)
+        assert w.cancelled == [1]
+        t_cancel = trio.current_time()
+        await trio.sleep(10)
+        assert len(starts(w, 1)) == 2
+        assert starts(w, 1)[1] == pytest.approx(t_cancel + SETTLE)
+        assert not w.files[1].dirty
+
+    run(test)
+
+
+def test_a_change_reported_by_the_worker_reschedules_after_the_settle_delay() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("a")
+        w.script[1] = ["changed", "ok"]
+        s.written(1)
+        await trio.sleep(10)
+        first, second = starts(w, 1)
+        assert second == pytest.approx(first + SETTLE)
+
+    run(test)
+
+
+def test_a_rename_mid_upload_does_not_cancel_it() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("old")
+        w.script[1] = ["wait"]
+        s.written(1)
+        await trio.sleep(1)
+        w.files[1].key = "new"  # renamed: the worker moves the object after completing
+        await trio.sleep(1)
+        w.release(1)
+        await trio.sleep(10)
+        assert w.cancelled == [] and len(starts(w, 1)) == 1 and not w.files[1].dirty
+
+    run(test)
+
+
+def test_one_upload_per_key_and_none_for_a_key_a_store_operation_holds() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("k")
+        w.files[2] = FakeFile("k")  # e.g. replaced by a rename while 1 uploads
+        w.files[3] = FakeFile("busy")
+        w.busy.add("busy")
+        w.script[1] = ["wait"]
+        for i in (1, 2, 3):
+            s.written(i)
+        await trio.sleep(5)
+        assert [i for _, i in w.started] == [1]
+        w.release(1)
+        await trio.sleep(5)
+        assert [i for _, i in w.started] == [1, 2]
+        w.busy.clear()
+        s.wake()  # the store operation is done
+        await trio.sleep(5)
+        assert [i for _, i in w.started] == [1, 2, 3]
+
+    run(test)
+
+
+def test_at_most_max_files_at_once() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        for i in range(1, 7):
+            w.files[i] = FakeFile(f"k{i}")
+            w.script[i] = ["wait"]
+            s.written(i)
+        await trio.sleep(5)
+        assert len(s.uploading()) == 2
+        w.release(next(iter(s.uploading())))
+        await trio.sleep(1)
+        assert len(s.uploading()) == 2 and len(w.started) == 3
+
+    run(test, max_files=2)
+
+
+def test_temporary_failures_back_off_and_permanent_ones_wait_and_log_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    temporary = StoreError("503 SlowDown", temporary=True)
+    permanent = StoreError("403 AccessDenied", temporary=False)
+
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("t")
+        w.script[1] = [temporary, temporary, "ok"]
+        w.files[2] = FakeFile("p")
+        w.script[2] = [permanent, permanent, permanent, "ok"]
+        s.written(1)
+        s.written(2)
+        await trio.sleep(1000)
+        t = starts(w, 1)
+        assert len(t) == 3
+        assert t[1] - t[0] == pytest.approx(4.0) and t[2] - t[1] == pytest.approx(8.0)
+        p = starts(w, 2)
+        assert len(p) == 4
+        assert [b - a for a, b in itertools.pairwise(p)] == [pytest.approx(60.0)] * 3
+        assert not w.files[1].dirty and not w.files[2].dirty
+        assert s.errors == {}  # cleared once clean
+
+    with caplog.at_level(logging.WARNING, logger="drain.scheduler"):
+        run(test)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "403 AccessDenied" in errors[0].getMessage()
+
+
+def test_a_flush_retries_a_failed_file_at_once_without_logging_it_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    permanent = StoreError("NoSuchBucket", temporary=False)
+
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("p")
+        w.script[1] = [permanent, permanent, "ok"]
+        s.written(1)
+        await trio.sleep(1)
+        assert len(starts(w, 1)) == 1 and "NoSuchBucket" in s.errors[1]
+        t_flush = trio.current_time()
+        s.flush([1])
+        await trio.sleep(0.01)
+        assert starts(w, 1)[1] == pytest.approx(t_flush)  # not 60 s later
+        await trio.sleep(100)
+        assert len(starts(w, 1)) == 3
+
+    with caplog.at_level(logging.WARNING, logger="drain.scheduler"):
+        run(test)
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
+
+
+def test_a_flush_goes_before_files_that_were_due_earlier() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        for i in (1, 2, 3):
+            w.files[i] = FakeFile(f"k{i}")
+            s.written(i)
+            await trio.sleep(0.01)
+        await trio.sleep(0)
+        s.flush([3])
+        await trio.sleep(10)
+        assert [i for _, i in w.started][:1] == [3]
+
+    run(test, max_files=1)
+
+
+def test_a_flush_of_everything_asks_the_worker_what_is_dirty() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[7] = FakeFile("left-from-before")  # never reported since this start
+        s.flush()
+        await trio.sleep(0.01)
+        assert [i for _, i in w.started] == [7]
+
+    run(test)
+
+
+def test_the_emergency_drain_goes_newest_first_at_full_concurrency(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        for i in range(1, 7):
+            w.files[i] = FakeFile(f"k{i}", mtime_ns=i * 1000)
+            w.script[i] = ["wait"]
+        s.start_emergency("SIGTERM")
+        await trio.sleep(0.01)
+        assert sorted(s.uploading()) == [3, 4, 5, 6]  # the four newest, no settle delay
+        assert w.begun == [6, 5, 4, 3]  # taken in this order
+        w.files[9] = FakeFile("k9", mtime_ns=1)
+        s.written(9)  # written during the emergency: no settle delay either
+        for i in list(s.uploading()):
+            w.release(i)
+        await trio.sleep(0.01)
+        assert {2, 1, 9} <= set(s.uploading()) | {i for _, i in w.started}
+
+    with caplog.at_level(logging.WARNING, logger="drain.scheduler"):
+        run(test, max_files=1, emergency_files=4)
+    assert "emergency drain (SIGTERM)" in caplog.text
+
+
+def test_key_free_waits_for_the_upload_of_that_key() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("k")
+        w.script[1] = ["wait"]
+        s.written(1)
+        await trio.sleep(1)
+        freed_at: list[float] = []
+
+        async def waiter() -> None:
+            await s.key_free("k")
+            freed_at.append(trio.current_time())
+
+        async with trio.open_nursery() as n:
+            n.start_soon(waiter)
+            await trio.sleep(5)
+            assert freed_at == []
+            t = trio.current_time()
+            w.release(1)
+        assert freed_at == [pytest.approx(t)]
+
+    run(test)
+
+
+def test_an_unexpected_error_is_logged_and_the_file_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Boom(FakeWorker):
+        calls = 0
+
+        async def upload(self, inode: int, key: str) -> bool:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("a bug")
+            return await super().upload(inode, key)
+
+    async def main() -> None:
+        s = Scheduler(ScheduleConfig(settle=SETTLE))
+        w = Boom()
+        w.files[1] = FakeFile("k")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(s.run, w)
+            s.written(1)
+            await trio.sleep(100)
+            assert w.calls == 2 and not w.files[1].dirty
+            nursery.cancel_scope.cancel()
+
+    with caplog.at_level(logging.ERROR, logger="drain.scheduler"):
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert "failed unexpectedly" in caplog.text
