@@ -159,8 +159,11 @@ class FileStates:
         """The object for ``generation`` is complete at ``key``. The file becomes clean if it
         is still that generation and size under that key; returns whether it did. Otherwise
         the file was changed meanwhile (it is dirty already) and stays as it is."""
-        if ino.state is not UPLOADING or ino.generation != generation:
-            return False
+        if ino.state is DIRTY:
+            return False  # written during the upload (mark_dirty)
+        self._check("finish_upload", ino)
+        if ino.generation != generation:
+            raise self._refuse("finish_upload", ino)  # uploading another generation: a bug
         if ino.size != size:
             msg = (
                 f"bug: inode {ino.id} is {ino.size} bytes, its upload of generation "

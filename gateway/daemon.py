@@ -42,7 +42,7 @@ from drain.upload import UploadConfig
 from fsops.filesystem import Filesystem, FsOptions
 from fsops.journal import JournalError
 from gateway import registry
-from gateway.cachedir import CacheDirLock
+from gateway.cachedir import CacheDirLock, space_problem
 from gateway.client import files
 from gateway.config import Config
 from gateway.control import ControlServer, RequestError, socket_path
@@ -138,6 +138,9 @@ def run(cfg: Config) -> int:
 
 
 def _run_locked(cfg: Config, ready: Readiness) -> int:
+    problem = space_problem(cfg.cache_dir, cfg.reserve_bytes, cfg.cache_size)
+    if problem is not None and problem.fatal:
+        raise UserError(str(problem))
     prepare_mountpoint(cfg.mountpoint)
     # The drain's scheduler is what the filesystem reports to (fsops.events.DrainEvents);
     # it needs nothing to exist, so it comes first.
@@ -171,7 +174,12 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
             rec.lost,
         )
     log.info("journal holds %d dirty files (%d bytes)", rec.dirty_files, rec.dirty_bytes)
-    mount = _Mount(cfg)
+    problem = space_problem(
+        cfg.cache_dir, cfg.reserve_bytes, cfg.cache_size, fs.journal.cached_bytes()
+    )
+    if problem is not None:
+        log.warning("%s", problem)
+    mount = _Mount(cfg, None if problem is None else str(problem))
     try:
         trio.run(_serve, fs, scheduler, cfg, ready, mount)
     finally:
@@ -184,8 +192,9 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
 class _Mount:
     """The FUSE mount and its registry entry; made once the request handlers exist."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, warning: str | None) -> None:
         self.cfg = cfg
+        self.warning = warning  # said to whoever mounts, with any other warning
         self.mounted = False
         self.signalled = False  # after a signal we unmount ourselves
         self.control = socket_path(cfg.cache_dir)
@@ -447,7 +456,8 @@ async def _serve(
             await nursery.start(MetricsServer(reporter, *cfg.metrics_listen).run)
         if cfg.preemption_provider != "off":
             await nursery.start(_watch_preemption, engine, reporter, cfg)
-        ready.ok(warning)
+        warnings = [w for w in (mount.warning, warning) if w]
+        ready.ok("; ".join(warnings) if warnings else None)
         log.info("mounted")
         await pyfuse3.main()
         nursery.cancel_scope.cancel()  # uploads in progress keep their records and resume

@@ -1,0 +1,182 @@
+"""The per-file state machine (fsops/state.py): every transition from every state, the one
+place that writes state columns, and ARCHITECTURE.md's diagram against the module."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from fsops.filesystem import Filesystem, FsOptions
+from fsops.inodes import Inode
+from fsops.journal import ROOT_INODE, State
+from fsops.state import TRANSITIONS, StateError, mermaid, table
+from tests.test_ops import ME
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Events:
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int]] = []
+
+    def written(self, inode: int) -> None:
+        self.log.append(("written", inode))
+
+    def changed(self, inode: int) -> None:
+        self.log.append(("changed", inode))
+
+    def store_ops_added(self) -> None:
+        self.log.append(("ops", 0))
+
+
+@pytest.fixture
+def fs(tmp_path: Path) -> Iterator[Filesystem]:
+    f = Filesystem(tmp_path, FsOptions(store_url="file:///x", reserve_bytes=0), Events())
+    yield f
+    f.close()
+
+
+def new_file(fs: Filesystem, state: State) -> Inode:
+    """A file put in ``state`` through the transitions that lead there."""
+    ino = fs.namespace.create_file(ROOT_INODE, os.urandom(4).hex().encode(), 0o644, ME)
+    if state is State.DIRTY:
+        return ino
+    fs.states.begin_upload(ino)
+    if state is State.UPLOADING:
+        return ino
+    assert fs.states.finish_upload(ino, ino.generation, ino.size, "k", "e", "c")
+    if state is State.CLEAN:
+        return ino
+    fs.states.evict(ino)
+    assert ino.state is State.REMOTE
+    return ino
+
+
+def journal_state(fs: Filesystem, ino: Inode) -> tuple[State, int]:
+    row = fs.journal.get(ino.id)
+    assert row is not None
+    return row.state, row.generation
+
+
+# Each method with what it needs to run on an inode in any state.
+def call(fs: Filesystem, method: str, ino: Inode) -> None:
+    s = fs.states
+    if method == "mark_dirty":
+        trio.run(s.mark_dirty, ino)
+    elif method == "finish_upload":
+        assert s.finish_upload(ino, ino.generation, ino.size, "k", "e", "c")
+    elif method == "fetched":
+        s.fetched(ino, "c")
+    elif method in ("insert_local", "insert_listed"):
+        pytest.skip("creates rows; covered by the namespace and listing tests")
+    else:
+        getattr(s, method)(ino)
+
+
+@pytest.mark.parametrize("t", TRANSITIONS, ids=lambda t: f"{t.method}-{t.src}-{t.dst}")
+def test_every_transition_goes_where_it_says_and_is_journaled(fs: Filesystem, t: object) -> None:
+    from fsops.state import Transition
+
+    assert isinstance(t, Transition)
+    if t.src is None:
+        pytest.skip("a row created in its state")
+    ino = new_file(fs, t.src)
+    generation = ino.generation
+    call(fs, t.method, ino)
+    assert ino.state is t.dst
+    assert journal_state(fs, ino)[0] is t.dst
+    bumped = t.method in ("mark_dirty", "lost")
+    assert ino.generation == generation + (1 if bumped else 0)
+
+
+MOVES = sorted({t.method for t in TRANSITIONS if t.src is not None} - {"abandon_upload"})
+
+
+@pytest.mark.parametrize("method", MOVES)
+@pytest.mark.parametrize("state", list(State))
+def test_a_transition_from_a_state_it_does_not_start_from_is_refused_loudly(
+    fs: Filesystem, method: str, state: State, caplog: pytest.LogCaptureFixture
+) -> None:
+    allowed = {t.src for t in TRANSITIONS if t.method == method}
+    if state in allowed or (method in ("mark_dirty", "finish_upload") and state is State.DIRTY):
+        pytest.skip("allowed, or normal: dirty again (a write), or changed during the upload")
+    ino = new_file(fs, state)
+    before = journal_state(fs, ino)
+    with caplog.at_level(logging.ERROR, logger="fsops.state"), pytest.raises(StateError):
+        call(fs, method, ino)
+    assert f"bug: {method} of inode {ino.id} in state {state.value} refused" in caplog.text
+    assert (ino.state, ino.generation) == before == journal_state(fs, ino)
+
+
+def test_finish_and_abandon_leave_a_file_that_changed_meanwhile_alone(fs: Filesystem) -> None:
+    ino = new_file(fs, State.UPLOADING)
+    trio.run(fs.states.mark_dirty, ino)  # a write during the upload
+    generation = ino.generation
+    assert not fs.states.finish_upload(ino, generation - 1, ino.size, "k", "e", "c")
+    fs.states.abandon_upload(ino)
+    assert (ino.state, ino.generation) == (State.DIRTY, generation)
+    clean = new_file(fs, State.CLEAN)
+    with pytest.raises(StateError):
+        fs.states.abandon_upload(clean)
+
+
+def test_a_write_during_the_upload_bumps_the_generation_and_tells_the_drain(
+    fs: Filesystem,
+) -> None:
+    ino = new_file(fs, State.UPLOADING)
+    events = fs.states.events
+    assert isinstance(events, Events)
+    trio.run(fs.states.mark_dirty, ino)
+    assert ("changed", ino.id) in events.log
+    assert not fs.states.finish_upload(ino, ino.generation - 1, ino.size, "k", "e", "c")
+    assert ino.state is State.DIRTY
+
+
+def test_finish_refuses_a_size_that_is_not_the_uploaded_one(
+    fs: Filesystem, caplog: pytest.LogCaptureFixture
+) -> None:
+    ino = new_file(fs, State.UPLOADING)
+    with caplog.at_level(logging.ERROR, logger="fsops.state"):
+        assert not fs.states.finish_upload(ino, ino.generation, ino.size + 1, "k", "e", "c")
+    assert ino.state is State.DIRTY and "bug:" in caplog.text
+
+
+def test_persist_never_writes_the_state(fs: Filesystem) -> None:
+    ino = new_file(fs, State.CLEAN)
+    ino.state = State.DIRTY  # a stray in-memory change, as a bug would make it
+    ino.size = 7
+    fs.table.persist(ino)
+    row = fs.journal.get(ino.id)
+    assert row is not None and row.size == 7 and row.state is State.CLEAN
+
+
+def _calls(path: Path, name: str) -> list[int]:
+    tree = ast.parse(path.read_text())
+    return [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
+    ]
+
+
+def test_state_columns_are_written_in_fsops_state_only() -> None:
+    offenders = []
+    for path in [p for d in ("fsops", "drain", "gateway") for p in (ROOT / d).glob("*.py")]:
+        if path.name in ("state.py", "journal.py"):
+            continue
+        for line in _calls(path, "set_state"):
+            offenders.append(f"{path.relative_to(ROOT)}:{line}")
+    assert offenders == []
+    assert _calls(ROOT / "fsops" / "state.py", "set_state")
+
+
+def test_architecture_shows_the_state_machine_of_the_code() -> None:
+    doc = (ROOT / "ARCHITECTURE.md").read_text()
+    assert mermaid() in doc, "regenerate with: python -m fsops.state"
+    assert table() in doc, "regenerate with: python -m fsops.state"
