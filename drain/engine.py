@@ -174,7 +174,8 @@ class DrainEngine:
         generation = ino.generation
         try:
             return await self.uploader.upload(ino, generation, key, self._progress[inode])
-        except Changed:
+        except Changed:  # written meanwhile, or the cache file was short: dirty either way
+            self.states.abandon_upload(ino)
             return False
         except Exception:
             self.states.abandon_upload(ino)
@@ -194,13 +195,8 @@ class DrainEngine:
         """An upload was overtaken by a write or an unlink: whatever it sent is stale."""
         record = self.journal.get_upload(ino.id)
         if record is not None and record.generation == generation:
-            if ino.parent is None and record.upload_id is None:
-                # A single PUT may have landed although it was cancelled. Its key is still
-                # ours (no other upload may start for it before this one ends): delete it.
-                with self.journal.transaction():
-                    self.journal.add_store_op("delete", record.key)
-                self.scheduler.store_ops_added()
-            await self.uploader.discard(record)
+            await self.uploader.discard(record)  # a single PUT that may have landed: unlinked
+            # journaled its delete, and a write leaves it to be overwritten
         self.states.abandon_upload(ino)  # unlinked while uploading: dirty, nameless
 
     # -- start-up ----------------------------------------------------------------------------------

@@ -195,6 +195,8 @@ class Fetcher:
         self._apply(ino, info)
 
     def _apply(self, ino: Inode, info: ObjectInfo) -> None:
+        if ino.state is not State.REMOTE:
+            return  # changed while the HEAD ran (O_TRUNC, fetched by another open)
         if info.etag != ino.stored_etag:
             # Rewritten since the listing: the next listing gives the name a new inode.
             log.info("%s changed in the store since it was listed", info.key)

@@ -102,6 +102,7 @@ class Scheduler:
         self._ended = trio.Event()  # an upload ended: a key may be free
         self.ops_wanted = trio.Event()  # store operations were journaled or flushed
         self._worker: Worker | None = None
+        self._flush_all = False
 
     # -- DrainEvents: what the filesystem reports (trio thread, never blocks) -----------------
 
@@ -129,7 +130,9 @@ class Scheduler:
     def flush(self, inodes: Iterable[int] | None = None) -> None:
         """Drain these files (every dirty file if None) now, before the others."""
         if inodes is None:
-            inodes = self._worker.dirty() if self._worker is not None else list(self._due)
+            if self._worker is None:
+                self._flush_all = True  # before run(): the dirty files are not known yet
+            inodes = list(self._due) if self._worker is None else self._worker.dirty()
         now = trio.current_time()
         for inode in inodes:
             self._urgent.add(inode)
@@ -174,6 +177,8 @@ class Scheduler:
         for inode, since in initial:
             self._due[inode] = now
             self.dirty_since[inode] = since
+        if self._flush_all:
+            self.flush()
         task_status.started()
         async with trio.open_nursery() as nursery:
             while True:

@@ -57,6 +57,8 @@ class StoreOps:
         while ops := self.journal.store_ops():
             for op in ops:
                 await self.scheduler.key_free(op.src)  # an upload still writes src
+                if op.dst is not None:
+                    await self.scheduler.key_free(op.dst)  # or dst: the move must land last
                 await self._apply(op)
                 self.fs.keys.done(op)
                 self.scheduler.wake()  # uploads waiting for these keys may start

@@ -402,10 +402,12 @@ class Journal:
         ).fetchone()
         return int(r[0] or 0)
 
-    def stored_at(self, key: str) -> InodeRow | None:
-        """The file whose content the store holds at ``key``, if any."""
+    def stored_at(self, key: str, other_than: int = 0) -> InodeRow | None:
+        """The file (other than inode ``other_than``) whose content the store holds, or will
+        hold after a pending move, at ``key``, if any."""
         r = self.db.execute(
-            f"SELECT {_INODE_COLS} FROM inodes WHERE stored_key = ? LIMIT 1", (key,)
+            f"SELECT {_INODE_COLS} FROM inodes WHERE stored_key = ? AND id != ? LIMIT 1",
+            (key, other_than),
         ).fetchone()
         return None if r is None else _row(r)
 

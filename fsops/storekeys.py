@@ -91,10 +91,8 @@ class StoreKeys:
 
     def moved(self, inode: int, new_key: str) -> None:
         row = self._row(inode)
-        if row is None or not row.stored_key or row.state is State.UPLOADING:
-            return  # an upload in progress moves its own object when it completes
-        if row.stored_key == new_key:
-            return
+        if row is None or not row.stored_key or row.stored_key == new_key:
+            return  # nothing stored (an upload in progress moves its own object when done)
         if row.state in (State.CLEAN, State.REMOTE):
             self.journal.add_store_op("move", row.stored_key, new_key, row.stored_etag)
             self.states.stored_moved(row, new_key)
@@ -111,9 +109,19 @@ class StoreKeys:
         """Call before the name goes (the row may go with it). Cancels an upload of it in any
         phase, so that its cache file (and the disk space) is let go of at once."""
         self.events.changed(ino.id)
+        doomed = set()
+        if ino.state is State.UPLOADING:
+            record = self.journal.get_upload(ino.id)
+            if record is not None:
+                # What the upload sent may land: delete it, in order before any later change
+                # of that key (a rename over it journals a move to it after this).
+                doomed.add(record.key)
         if ino.stored_key:
-            self.journal.add_store_op("delete", ino.stored_key)
+            doomed.add(ino.stored_key)
             self.states.stored_dropped(ino)
+        for key in sorted(doomed):
+            self.journal.add_store_op("delete", key)
+        if doomed:
             self.events.store_ops_added()
 
 

@@ -61,6 +61,11 @@ class GatedStore(FileStore):
         await self.gate("create_multipart")  # created, but its answer is slow to come back
         return upload_id
 
+    async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
+        etag = await super().put(key, data, metadata)
+        await self.gate("put")  # landed, but the answer is slow: a cancel now loses it
+        return etag
+
     async def list_dir(self, prefix: str) -> Listing:
         listing = await super().list_dir(prefix)  # taken now, handed over after the gate
         await self.gate("list_dir")
@@ -306,6 +311,32 @@ def test_an_unlink_during_the_upload_leaves_nothing_in_the_store(tmp_path: Path)
             await n.drained()
             await n.until("no uploads", lambda: not _uploads(n.store))
             assert not (n.store.root / "tmp.pt").exists()
+
+    run(test)
+
+
+def test_a_rename_over_a_file_being_uploaded_keeps_the_renamed_files_object(
+    tmp_path: Path,
+) -> None:
+    """temp + rename over a file whose single PUT is in flight: the PUT lands after it was
+    cancelled; the renamed file's object must be what ends up at the key, and stay there."""
+    b, a = os.urandom(3000), os.urandom(2000)
+
+    async def test() -> None:
+        async with node(tmp_path, "put") as n:
+            n.store.open("put")
+            await n.write(ROOT_INODE, b"b.tmp", b)
+            await n.drained()
+            n.store.gates["put"] = (trio.Event(), trio.Event())
+            await n.write(ROOT_INODE, b"a.pt", a)
+            await n.store.entered("put").wait()  # a.pt's PUT has landed, unanswered
+            n.fs.namespace.rename(ROOT_INODE, b"b.tmp", ROOT_INODE, b"a.pt", 0)
+            n.store.open("put")
+            await n.drained()
+            assert (await n.stored("a.pt"))[0] == b
+            row = n.fs.journal.lookup(ROOT_INODE, b"a.pt")
+            assert row is not None and row.state is State.CLEAN and row.stored_key == "a.pt"
+            assert not (n.store.root / "b.tmp").exists()
 
     run(test)
 

@@ -149,7 +149,7 @@ def test_a_write_during_the_upload_cancels_it_and_it_goes_again() -> None:
         await trio.sleep(1)
         assert s.uploading() == {1: "a"}
         s.changed(1)  # the filesystem: its content is about to change
-        await trio.sleep(0)
+        await trio.testing.wait_all_tasks_blocked()
         assert w.cancelled == [1]
         t_cancel = trio.current_time()
         await trio.sleep(10)
