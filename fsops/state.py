@@ -157,8 +157,9 @@ class FileStates:
         self, ino: Inode, generation: int, size: int, key: str, etag: str, checksum: str
     ) -> bool:
         """The object for ``generation`` is complete at ``key``. The file becomes clean if it
-        is still that generation and size under that key; returns whether it did. Otherwise
-        the file was changed meanwhile (it is dirty already) and stays as it is."""
+        is still ``uploading`` that generation and size; returns whether it did. A file
+        written meanwhile (dirty already) stays as it is; a size that is not the one uploaded
+        is a bug (logged; the file goes again); any other state is refused."""
         if ino.state is DIRTY:
             return False  # written during the upload (mark_dirty)
         self._check("finish_upload", ino)

@@ -7,7 +7,8 @@ implies commits with the change itself and is resumed after a crash:
 |---|---|---|
 | dirty, never stored | nothing (it will be uploaded to K) | nothing |
 | dirty, an older version stored at S | delete S | delete S |
-| uploading | nothing now; the upload moves its object to K when done | upload cancelled |
+| uploading, an older version at S | delete S; the upload moves its object to K when done | upload cancelled; delete S and the upload's key |
+| uploading, nothing stored | nothing now; the upload moves its object to K when done | upload cancelled; delete the upload's key |
 | clean (or remote), stored at S | move S -> K (server-side copy, then delete S) | delete S |
 """
 
