@@ -3,13 +3,14 @@
 Called inside the namespace operation's journal transaction, so the store operation it
 implies commits with the change itself and is resumed after a crash:
 
-| state of the file | renamed to key K | unlinked / replaced |
-|---|---|---|
-| dirty, never stored | nothing (it will be uploaded to K) | nothing |
-| dirty, an older version stored at S | delete S | delete S |
-| uploading, an older version at S | delete S; the upload moves its object to K when done | upload cancelled; delete S and the upload's key |
-| uploading, nothing stored | nothing now; the upload moves its object to K when done | upload cancelled; delete the upload's key |
-| clean (or remote), stored at S | move S -> K (server-side copy, then delete S) | delete S |
+* dirty, never stored: renamed or unlinked, nothing (it is uploaded to its key later);
+* dirty, an older version stored at S: renamed or unlinked, delete S;
+* uploading: as dirty for S; a rename lets the upload finish and move its object to the new
+  key (or go again, if another file was moved to its old key meanwhile); an unlink cancels
+  the upload and deletes what it may have sent (its key), in order before any later change
+  of that key;
+* clean (or remote), stored at S: renamed to K, move S -> K (server-side copy, then delete
+  S); unlinked, delete S.
 """
 
 from __future__ import annotations
