@@ -44,6 +44,7 @@ from drain.store import (
 from drain.storeurl import StoreURL
 
 CHUNK = 1 << 20
+CANCEL_WAIT = 5.0  # seconds a cancelled request may take to end on the asyncio side
 
 _TEMPORARY_CODES = {
     "SlowDown",
@@ -183,21 +184,36 @@ class LoopThread:
         self._thread.start()
 
     async def run(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Await ``make()`` on the asyncio loop. Cancelled from trio, it cancels the asyncio
+        task and waits (up to ``CANCEL_WAIT`` seconds) until that task has ended, so a request
+        cancelled here is no longer in flight when this returns: a delete of the same key
+        after a cancelled PUT cannot be overtaken by it on our side."""
+        token = trio.lowlevel.current_trio_token()
+        done, ended = trio.Event(), trio.Event()
+        running: list[asyncio.Task[T]] = []
+
+        def set_soon(event: trio.Event) -> None:
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(event.set)
+
         async def job() -> T:
-            return await make()
+            task = asyncio.current_task()
+            assert task is not None
+            running.append(task)
+            try:
+                return await make()
+            finally:
+                set_soon(ended)
 
         fut = asyncio.run_coroutine_threadsafe(job(), self.loop)
-        token = trio.lowlevel.current_trio_token()
-        done = trio.Event()
-
-        def wake(_: concurrent.futures.Future[T]) -> None:
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(done.set)
-
-        fut.add_done_callback(wake)
+        fut.add_done_callback(lambda _: set_soon(done))
         try:
             await done.wait()
         except BaseException:
+            if running:  # started: cancel it and wait for it to end
+                self.loop.call_soon_threadsafe(running[0].cancel)
+                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_WAIT):
+                    await ended.wait()
             fut.cancel()
             raise
         return fut.result()

@@ -263,3 +263,32 @@ def test_part_sizes_respect_s3_limits() -> None:
     assert -(-big // p) <= 10_000 and p % (1 << 20) == 0
     with pytest.raises(StoreError):
         part_size_for(6 << 40, 16 << 20)
+
+
+def test_a_cancelled_s3_call_has_ended_on_the_asyncio_side_when_it_returns() -> None:
+    """So a delete journaled after a cancelled PUT of the same key cannot be overtaken by
+    that PUT from our side."""
+    import asyncio
+
+    from drain.s3store import LoopThread
+
+    loop = LoopThread()
+    events: list[str] = []
+
+    async def request() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await asyncio.sleep(0.2)  # the transport winding down
+            events.append("request ended")
+
+    async def main() -> None:
+        with trio.move_on_after(0.1):
+            await loop.run(request)
+        events.append("cancel returned")
+
+    try:
+        trio.run(main)
+    finally:
+        loop.close()
+    assert events == ["request ended", "cancel returned"]
