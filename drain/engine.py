@@ -194,10 +194,11 @@ class DrainEngine:
     async def _after_change(self, ino: Inode, generation: int) -> None:
         """An upload was overtaken by a write or an unlink: whatever it sent is stale."""
         record = self.journal.get_upload(ino.id)
-        if record is not None and record.generation == generation:
-            await self.uploader.discard(record)  # a single PUT that may have landed: unlinked
-            # journaled its delete, and a write leaves it to be overwritten
         self.states.abandon_upload(ino)  # unlinked while uploading: dirty, nameless
+        if record is not None and record.generation == generation:
+            with self.journal.transaction():  # a single PUT may have landed
+                self.fs.keys.sent_stale(ino, record.key, None)
+            await self.uploader.discard(record)
 
     # -- start-up ----------------------------------------------------------------------------------
 

@@ -282,29 +282,23 @@ class Uploader:
         meanwhile; returns whether it did."""
         with self.journal.transaction():
             self.journal.drop_upload(ino.id)
-            if ino.parent is None:
-                # Unlinked while uploading: StoreKeys.unlinked journaled the delete of
-                # record.key, in order with whatever happened to that key since.
-                self.states.abandon_upload(ino)
-                clean = False
-            elif (key := self.keys.key_of(ino.id)) != record.key and self.journal.stored_at(
-                record.key, other_than=ino.id
-            ):
-                # Renamed while uploading, and another file was moved to the old key since:
-                # that key is the other file's now (its move waits for this upload to end and
-                # then overwrites what it sent). This file goes again, to its new key.
-                self.states.abandon_upload(ino)
-                clean = False
-            else:
-                clean = self.states.finish_upload(
+            key = self.keys.key_of(ino.id) if ino.parent is not None else None
+            # Renamed while uploading, and another file was moved to the old key since: that
+            # key is the other file's now (its move waits for this upload to end, then
+            # overwrites what it sent). This file goes again, to its new key.
+            taken = key != record.key and self.journal.stored_at(record.key, ino.id) is not None
+            clean = (
+                key is not None
+                and not taken
+                and self.states.finish_upload(
                     ino, record.generation, record.size, key, etag, record.checksum
                 )
-                if clean and key != record.key:  # renamed while uploading: complete, then move
-                    self.journal.add_store_op("move", record.key, key, etag)
-                elif not clean and key != record.key:  # renamed and written: stale, ours
-                    self.journal.add_store_op("delete", record.key)
-                elif not clean and ino.stored_key is None:  # written: an older version
-                    self.states.stored_stale(ino, record.key, etag)
+            )
+            if clean and key != record.key:  # renamed while uploading: complete, then move
+                self.journal.add_store_op("move", record.key, key, etag)
+            elif not clean:  # written, unlinked or overtaken meanwhile
+                self.states.abandon_upload(ino)
+                self.keys.sent_stale(ino, record.key, etag)
         self.keys.note_stored(record.key)
         self.keys.events.store_ops_added()
         return clean

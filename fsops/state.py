@@ -240,8 +240,8 @@ class FileStates:
         row.stored_key = row.stored_etag = None
         self._write(row)
 
-    def stored_stale(self, ino: Inode, key: str, etag: str) -> None:
-        """An upload completed after the file changed: the object at ``key`` (its path) holds
+    def stored_stale(self, ino: Inode, key: str, etag: str | None) -> None:
+        """An upload ended after the file changed: the object at ``key`` (its path) may hold
         an older generation. Recorded so that a rename or unlink deletes it."""
         if ino.state is not DIRTY:
             raise self._refuse("stored_stale", ino)

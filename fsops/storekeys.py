@@ -91,17 +91,28 @@ class StoreKeys:
         mem = self.table.peek(inode)
         return mem if mem is not None else self.journal.get(inode)
 
+    def _delete(self, key: str, inode: int) -> None:
+        """Journal the delete of ``key``, unless another file's content is (or, with a move
+        pending, will be) there: a rename put that file in this one's old place."""
+        if self.journal.stored_at(key, other_than=inode) is None:
+            self.journal.add_store_op("delete", key)
+            self.events.store_ops_added()
+
     def moved(self, inode: int, new_key: str) -> None:
         row = self._row(inode)
         if row is None or not row.stored_key or row.stored_key == new_key:
-            return  # nothing stored (an upload in progress moves its own object when done)
+            return
+        if row.state is State.UPLOADING:
+            record = self.journal.get_upload(inode)
+            if record is None or record.key == row.stored_key:
+                return  # the upload overwrites that object, then moves it to new_key
         if row.state in (State.CLEAN, State.REMOTE):
             self.journal.add_store_op("move", row.stored_key, new_key, row.stored_etag)
             self.states.stored_moved(row, new_key)
+            self.events.store_ops_added()
         else:
-            self.journal.add_store_op("delete", row.stored_key)
+            self._delete(row.stored_key, inode)
             self.states.stored_dropped(row)
-        self.events.store_ops_added()
 
     def moved_tree(self, directory: int, new_dir_key: str) -> None:
         for inode, rel in self.journal.subtree(directory):
@@ -122,9 +133,24 @@ class StoreKeys:
             doomed.add(ino.stored_key)
             self.states.stored_dropped(ino)
         for key in sorted(doomed):
-            self.journal.add_store_op("delete", key)
-        if doomed:
-            self.events.store_ops_added()
+            self._delete(key, ino.id)
+
+    def sent_stale(self, ino: Inode, key: str, etag: str | None) -> None:
+        """An upload of ``ino`` to ``key`` (its key when the upload began) ended without making
+        it clean, and may have left an object there: of older content, or (cancelled) of
+        nothing we know. Under the file's current name it is overwritten by the next upload
+        (recorded, so a rename or unlink before then deletes it). Elsewhere it is deleted,
+        unless another file has been moved to that key since. An unlinked file's upload key
+        was doomed by :meth:`unlinked` already."""
+        if ino.parent is None:
+            return
+        if key == self.key_of(ino.id):
+            if ino.stored_key is None:
+                self.states.stored_stale(ino, key, etag)
+            return
+        self._delete(key, ino.id)
+        if ino.stored_key == key:
+            self.states.stored_dropped(ino)
 
 
 def _trimmed(recent: dict[str, float]) -> dict[str, float]:

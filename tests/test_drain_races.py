@@ -341,6 +341,60 @@ def test_a_rename_over_a_file_being_uploaded_keeps_the_renamed_files_object(
     run(test)
 
 
+@pytest.mark.parametrize("then_unlink", [False, True])
+def test_a_file_moved_onto_the_old_key_of_a_file_being_uploaded_keeps_its_object(
+    tmp_path: Path, then_unlink: bool
+) -> None:
+    """A is renamed away while its PUT is in flight, C is renamed onto A's old name: the old
+    key is C's now. A goes again to its new key (or, unlinked, leaves nothing behind)."""
+    a, c = os.urandom(2000), os.urandom(3000)
+
+    async def test() -> None:
+        async with node(tmp_path, "put") as n:
+            n.store.open("put")
+            await n.write(ROOT_INODE, b"c.tmp", c)
+            await n.drained()
+            n.store.gates["put"] = (trio.Event(), trio.Event())
+            await n.write(ROOT_INODE, b"a.pt", a)
+            await n.store.entered("put").wait()
+            n.fs.namespace.rename(ROOT_INODE, b"a.pt", ROOT_INODE, b"a2.pt", 0)
+            n.fs.namespace.rename(ROOT_INODE, b"c.tmp", ROOT_INODE, b"a.pt", 0)
+            if then_unlink:
+                n.fs.namespace.unlink(ROOT_INODE, b"a2.pt")
+            n.store.open("put")
+            await n.drained()
+            assert (await n.stored("a.pt"))[0] == c
+            if then_unlink:
+                assert await n.store.head("a2.pt") is None
+            else:
+                assert (await n.stored("a2.pt"))[0] == a
+            assert await n.store.head("c.tmp") is None
+            for name, data in [(b"a.pt", c)] + ([] if then_unlink else [(b"a2.pt", a)]):
+                row = n.fs.journal.lookup(ROOT_INODE, name)
+                assert row is not None and row.state is State.CLEAN
+                assert row.checksum == xxh(data)
+
+    run(test)
+
+
+def test_a_file_renamed_during_its_upload_is_moved_once_complete(tmp_path: Path) -> None:
+    data = os.urandom(12 * MiB)
+
+    async def test() -> None:
+        async with node(tmp_path, "create_multipart") as n:
+            await n.write(ROOT_INODE, b"x.tmp", data)
+            await n.store.entered("create_multipart").wait()
+            n.fs.namespace.rename(ROOT_INODE, b"x.tmp", ROOT_INODE, b"x.pt", 0)
+            n.store.open("create_multipart")
+            await n.drained()
+            assert (await n.stored("x.pt"))[0] == data
+            assert await n.store.head("x.tmp") is None
+            row = n.fs.journal.lookup(ROOT_INODE, b"x.pt")
+            assert row is not None and (row.state, row.stored_key) == (State.CLEAN, "x.pt")
+
+    run(test)
+
+
 # -- truncate and the bounded cache -------------------------------------------------------------
 
 
