@@ -163,38 +163,38 @@ class DrainEngine:
     def busy_keys(self) -> set[str]:
         return self.journal.pending_keys()
 
-    def begin(self, inode: int) -> None:
+    def begin(self, inode: int, key: str) -> None:
         ino = self.table.get(inode)
         self.states.begin_upload(ino)
         ino.pins += 1  # kept in memory, so that every change of it reaches this Inode
-        self._progress[inode] = UploadProgress(inode, self.fs.keys.key_of(inode))
+        self._progress[inode] = UploadProgress(inode, key)
 
     async def upload(self, inode: int, key: str) -> bool:
         ino = self.table.get(inode)
         generation = ino.generation
+        clean = False
         try:
-            return await self.uploader.upload(ino, generation, key, self._progress[inode])
-        except Changed:  # written meanwhile, or the cache file was short: dirty either way
-            self.states.abandon_upload(ino)
-            return False
-        except Exception:
-            self.states.abandon_upload(ino)
-            raise
+            clean = await self.uploader.upload(ino, generation, key, self._progress[inode])
+        except Changed:  # written meanwhile, or the cache file was short
+            pass
         finally:
-            # However it ended (cancelled for the change, too): if the file was written or
-            # unlinked meanwhile, what this upload sent is stale. A cancel without a change
-            # (shutdown) keeps the journaled upload: the next mount resumes it.
+            # However it ended, a file not made clean is dirty again (a no-op where a write
+            # already made it so). If it was written or unlinked meanwhile, what this upload
+            # sent is stale; a cancel without a change (shutdown) keeps the journaled upload,
+            # and the next mount resumes it.
+            if not clean:
+                self.states.abandon_upload(ino)
             if ino.generation != generation or ino.parent is None:
                 with trio.CancelScope(shield=True), trio.move_on_after(30):
                     await self._after_change(ino, generation)
             del self._progress[inode]
             ino.pins -= 1
             self.table.release_if_unused(ino)
+        return clean
 
     async def _after_change(self, ino: Inode, generation: int) -> None:
         """An upload was overtaken by a write or an unlink: whatever it sent is stale."""
         record = self.journal.get_upload(ino.id)
-        self.states.abandon_upload(ino)  # unlinked while uploading: dirty, nameless
         if record is not None and record.generation == generation:
             with self.journal.transaction():  # a single PUT may have landed
                 self.fs.keys.sent_stale(ino, record.key, None)
@@ -207,20 +207,17 @@ class DrainEngine:
         for record in self.journal.all_uploads():
             row = self.journal.get(record.inode)
             if row is None or row.parent is None or row.generation != record.generation:
-                try:
-                    await self.uploader.discard(record)
-                except StoreError as e:
-                    log.warning("could not abort the old upload of %s: %s", record.key, e)
+                await self.uploader.discard(record)  # an abort that fails is left to the sweep
 
     async def _abort_orphans(self) -> None:
         """Abort multipart uploads under our prefix that no journal entry wants. Other nodes
         may share the prefix, so only uploads older than ``orphan_age`` are touched; and an
-        upload this gateway created is never one, even before its record is journaled."""
+        upload this gateway is creating is never one, although its record is not journaled
+        yet (the record follows the id in the same step)."""
         cutoff = time.time() - self.config.orphan_age
         try:
             async for u in self.store.iter_uploads(self.fs.keys.prefix):
-                ours = u.upload_id in self.uploader.created or u.key in self.uploader.creating
-                if u.initiated >= cutoff or ours:
+                if u.initiated >= cutoff or u.key in self.uploader.creating:
                     continue
                 # Read the journal now, not before the listing: an upload created meanwhile
                 # is in it by the time the listing shows it.

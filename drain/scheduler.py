@@ -54,6 +54,26 @@ class Ready(NamedTuple):
     mtime_ns: int
 
 
+class Signal:
+    """Something happened: ``version`` counts the times, and a waiter that noted the version
+    waits for the next time (or returns at once if it has happened since)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._event = trio.Event()
+
+    def fire(self) -> None:
+        self.version += 1
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self, since: int, timeout: float = math.inf) -> None:
+        """Return once it has fired after ``since``, or after ``timeout`` seconds."""
+        if self.version == since:
+            with trio.move_on_after(timeout):
+                await self._event.wait()
+
+
 class Hold(enum.Enum):
     GONE = "gone"  # clean, unlinked or no longer there: nothing to do
     WRITING = "writing"  # open for writing: its last release reports it quiet again
@@ -70,9 +90,10 @@ class Worker(Protocol):
     def busy_keys(self) -> set[str]:
         """Keys that pending store operations read or write."""
 
-    def begin(self, inode: int) -> None:
-        """Take a file :meth:`look` found ready: from now on a change of it is reported
-        (``changed``). Called in the same step as ``look``, so nothing comes in between."""
+    def begin(self, inode: int, key: str) -> None:
+        """Take a file :meth:`look` found ready for ``key``: from now on a change of it is
+        reported (``changed``). Called in the same step as ``look``, so nothing comes in
+        between."""
 
     async def upload(self, inode: int, key: str) -> bool:
         """Upload a file taken by :meth:`begin`; True if it is clean now, False if it changed
@@ -99,8 +120,8 @@ class Scheduler:
         self.errors: dict[int, str] = {}  # inode -> why its last upload failed
         self.dirty_since: dict[int, float] = {}  # inode -> wall time it was first reported
         self._wake = trio.Event()
-        self._ended = trio.Event()  # an upload ended: a key may be free
-        self.ops_wanted = trio.Event()  # store operations were journaled or flushed
+        self._ended = Signal()  # an upload ended: a key may be free
+        self.ops_wanted = Signal()  # store operations were journaled, or a flush retries them
         self._worker: Worker | None = None
         self._flush_all = False
 
@@ -118,7 +139,7 @@ class Scheduler:
             run.scope.cancel()
 
     def store_ops_added(self) -> None:
-        self.ops_wanted.set()
+        self.ops_wanted.fire()
         self._wake.set()
 
     def wake(self) -> None:
@@ -159,7 +180,7 @@ class Scheduler:
     async def key_free(self, key: str) -> None:
         """Return once no upload writes ``key``."""
         while key in {r.key for r in self._running.values()}:
-            await self._ended.wait()
+            await self._ended.wait(self._ended.version)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -225,7 +246,7 @@ class Scheduler:
             if look.key in busy or look.key in pending:
                 continue
             del self._due[inode]
-            worker.begin(inode)
+            worker.begin(inode, look.key)
             run = self._running[inode] = _Running(look.key, trio.CancelScope())
             busy.add(look.key)
             nursery.start_soon(self._upload, worker, inode, run)
@@ -256,8 +277,7 @@ class Scheduler:
             self._failed(inode, run.key, StoreError(f"unexpected error: {e!r}", temporary=True))
         finally:
             del self._running[inode]
-            self._ended.set()
-            self._ended = trio.Event()
+            self._ended.fire()
             self._wake.set()
         if run.changed and inode not in self._due:
             self._due[inode] = trio.current_time() + self.config.settle

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 
-import trio
-
 from drain.retry import RetryStats
 from drain.scheduler import Scheduler
 from drain.store import NotFound, Store, StoreError
@@ -34,9 +32,10 @@ class StoreOps:
         self.stats = stats
 
     async def run(self) -> None:
+        wanted = self.scheduler.ops_wanted
         failures = 0
         while True:
-            self.scheduler.ops_wanted = trio.Event()
+            seen = wanted.version  # ops journaled from here on get another pass
             try:
                 await self._run_all()
                 failures = 0
@@ -47,11 +46,9 @@ class StoreOps:
                 failures += 1
                 delay = min(300.0, 2.0 * 2 ** min(failures, 8))
                 log.warning("store operation failed (%s); retrying in %.0f s", e, delay)
-                self.scheduler.ops_wanted = trio.Event()
-                with trio.move_on_after(delay):
-                    await self.scheduler.ops_wanted.wait()  # a flush retries at once
+                await wanted.wait(wanted.version, delay)  # a flush retries at once
                 continue
-            await self.scheduler.ops_wanted.wait()
+            await wanted.wait(seen)
 
     async def _run_all(self) -> None:
         while ops := self.journal.store_ops():

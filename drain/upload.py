@@ -109,9 +109,8 @@ class Uploader:
         self.config = config
         self.parts_limiter = parts_limiter
         self.drained = drained if drained is not None else DrainStats()
-        # Uploads this gateway made, for the orphan sweep: ids, and keys whose upload is being
-        # created (the store has it before we know its id).
-        self.created: set[str] = set()
+        # Keys whose multipart upload is being created, for the orphan sweep: the store has
+        # the upload before we know its id; once we do, its record is journaled at once.
         self.creating: set[str] = set()
 
     async def _send(
@@ -221,7 +220,6 @@ class Uploader:
                 raise StoreError(
                     f"creating the upload of {record.key} took too long", temporary=True
                 )
-            self.created.add(record.upload_id)
         self._begin(record)
         count = -(-record.size // record.part_size)
 
@@ -296,11 +294,11 @@ class Uploader:
             )
             if clean and key != record.key:  # renamed while uploading: complete, then move
                 self.journal.add_store_op("move", record.key, key, etag)
+                self.keys.events.store_ops_added()
             elif not clean:  # written, unlinked or overtaken meanwhile
                 self.states.abandon_upload(ino)
                 self.keys.sent_stale(ino, record.key, etag)
         self.keys.note_stored(record.key)
-        self.keys.events.store_ops_added()
         return clean
 
     async def discard(self, record: UploadRow) -> None:

@@ -131,7 +131,6 @@ class CacheFiles:
         reserve_bytes: int,
         early_writeback: int,
         direct_io: bool = True,
-        room: Room | None = None,
     ) -> None:
         self.root = root
         self.data = root / "data"
@@ -139,7 +138,7 @@ class CacheFiles:
         self.reserve_bytes = reserve_bytes
         self.early_writeback = early_writeback
         self.used = 0
-        self.room = room if room is not None else Room()
+        self.room = Room()  # fired when bytes are freed (and by FileStates when a file is clean)
         self._dirfd = os.open(self.data, os.O_RDONLY | os.O_DIRECTORY)
         self.direct: DirectWriter | None = None
         if direct_io and self._direct_io_works():

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from fsops.cache import CacheFiles, Room
+from fsops.cache import CacheFiles
 from fsops.events import DrainEvents, NoDrain
 from fsops.files import OpenFiles
 from fsops.inodes import InodeTable
@@ -58,7 +58,7 @@ class Filesystem:
                     "use another --cache-dir (its dirty data would go to the wrong store)"
                 )
             self.cache = CacheFiles(
-                cache_dir, opts.reserve_bytes, opts.early_writeback, opts.direct_io, Room()
+                cache_dir, opts.reserve_bytes, opts.early_writeback, opts.direct_io
             )
         except BaseException:
             self.journal.db.close()

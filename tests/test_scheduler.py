@@ -50,7 +50,7 @@ class FakeWorker:
     def busy_keys(self) -> set[str]:
         return set(self.busy)
 
-    def begin(self, inode: int) -> None:
+    def begin(self, inode: int, key: str) -> None:
         self.begun.append(inode)
 
     async def upload(self, inode: int, key: str) -> bool:
