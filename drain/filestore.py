@@ -5,6 +5,17 @@ directory, so a reader never sees half an object. Metadata is kept in the ``user
 extended attribute (as JSON). Multipart uploads are staged under ``PATH/.ckptgw-uploads/<id>/``
 with one file per part, so resuming works as it does on S3. All blocking I/O runs on worker
 threads.
+
+A directory marker ``a/b/`` (a key ending in "/", see :class:`~drain.store.Store`) is the
+empty file ``PATH/a/b/.ckptgw-dir``, its metadata in the same xattr; objects under ``a/b/``
+live beside it. Names starting with ``.ckptgw-`` are the store's own: below the root they are
+never keys (``_path`` refuses them) and never listed. At the root, ``.ckptgw-tmp``,
+``.ckptgw-uploads`` and ``.ckptgw-dir`` are refused and never listed; other ``.ckptgw-`` keys
+there (the gateway's pins, ``.ckptgw-pins/...``) are keys like any other, left out of
+``list_dir`` (the mount never shows them) but listed by ``iter_objects``.
+
+A key cannot be both an object and a directory here: with an object ``a/b``, a put of
+``a/b/x`` or of the marker ``a/b/`` fails (permanent StoreError), which S3 would accept.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -22,12 +34,24 @@ from typing import BinaryIO, TypeVar
 import trio
 import xxhash
 
-from drain.store import Listing, NotFound, ObjectInfo, Stale, Store, StoreError, Upload
+from drain.store import (
+    Listing,
+    NotFound,
+    ObjectInfo,
+    Stale,
+    Store,
+    StoreError,
+    Upload,
+    check_copy,
+    is_marker,
+    marker_error,
+)
 from drain.storeurl import StoreURL
 
 T = TypeVar("T")
 _INTERNAL = ".ckptgw-"
-_PRIVATE = {f"{_INTERNAL}tmp", f"{_INTERNAL}uploads"}  # the store's own; not keys
+_MARKER = f"{_INTERNAL}dir"  # the file of a directory marker, in its directory
+_PRIVATE = {f"{_INTERNAL}tmp", f"{_INTERNAL}uploads", _MARKER}  # the store's own at the root
 _TAGS = "user.ckptgw.tags"
 _XATTR = "user.ckptgw"
 _COPY_CHUNK = 8 << 20
@@ -73,15 +97,28 @@ class FileStore(Store):
             ) from None
 
     def _path(self, key: str) -> Path:
-        parts = key.split("/")
+        """The file of ``key`` (of a marker "a/b/": ``a/b/.ckptgw-dir``). BadKey (permanent)
+        for a key that is no relative path, and for the store's own names (module doc)."""
+        parts = (key[:-1] if is_marker(key) else key).split("/")
         if (
             not key
             or key.startswith("/")
             or any(p in ("", ".", "..") for p in parts)
             or parts[0] in _PRIVATE
+            or any(p.startswith(_INTERNAL) for p in parts[1:])
         ):
             raise StoreError(f"bad key {key!r} for a file store", temporary=False, code="BadKey")
-        return self.root.joinpath(*parts)
+        path = self.root.joinpath(*parts)
+        return path / _MARKER if is_marker(key) else path
+
+    def _key(self, rel: str, name: str) -> str | None:
+        """The key of file ``name`` in directory ``rel`` (relative to the root, "" for the
+        root) that a listing shows: a marker's key, or None for the store's own files."""
+        if name == _MARKER:
+            return f"{rel}/" if rel else None
+        if rel and name.startswith(_INTERNAL):
+            return None
+        return f"{rel}/{name}" if rel else name
 
     # -- objects ---------------------------------------------------------------------------------
 
@@ -116,6 +153,8 @@ class FileStore(Store):
 
     async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
         dst = self._path(key)
+        if data and is_marker(key):
+            raise marker_error(key, f"PUT {key}")
 
         return await self._run(
             f"PUT {key}", lambda: self._install(self._write_tmp([data]), dst, metadata)
@@ -154,10 +193,12 @@ class FileStore(Store):
         return await self._run(f"HEAD {key}", go)
 
     async def delete(self, key: str) -> None:
+        """Remove the object's file (a marker's: only the marker, not what is under it), and
+        the directories up to the root that this leaves empty."""
         path = self._path(key)
 
         def go() -> None:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.unlink(path)
                 _fsync_dir(path.parent)
             parent = path.parent  # drop directories the key leaves empty
@@ -174,9 +215,22 @@ class FileStore(Store):
         path = self._path(key)
         await self._run(f"TAG {key}", lambda: os.setxattr(path, _TAGS, json.dumps(tags).encode()))
 
-    async def copy(self, src: str, dst: str) -> str:
-        """A local copy of any size (``copy_limit`` is None): nothing is gained by parts."""
-        s, d = self._path(src), self._path(dst)
+    async def copy(self, src: str, dst: str, metadata: dict[str, str] | None = None) -> str:
+        """A local copy of any size (``copy_limit`` is None): nothing is gained by parts. The
+        copy is a new file, installed as ``put`` installs one; its metadata is ``src``'s or
+        ``metadata`` (tags are not copied).
+
+        ``src == dst`` (with ``metadata``) rewrites the metadata xattr of the object in place
+        instead, without copying its data: one setxattr, which the kernel applies under the
+        inode's lock and getxattr reads whole, so a reader sees the old or the new metadata,
+        never a mix; then an fsync. The data, the tags, the mtime and so the ETag stay (S3
+        gives the object a new LastModified, and a new ETag if it was a multipart upload). On
+        a filesystem without xattrs objects have no metadata (as with ``put``): nothing
+        changes."""
+        check_copy(src, dst, metadata)
+        s, d, what = self._path(src), self._path(dst), f"COPY {src} -> {dst}"
+        if metadata is not None and src == dst:
+            return await self._run(what, lambda: self._replace_metadata(what, s, metadata))
 
         def go() -> str:
             self._tmp.mkdir(parents=True, exist_ok=True)
@@ -184,15 +238,39 @@ class FileStore(Store):
             shutil.copyfile(s, tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-            try:
-                meta = json.loads(os.getxattr(s, _XATTR))
-            except OSError:
-                meta = {}
+            meta = metadata
+            if meta is None:
+                try:
+                    meta = json.loads(os.getxattr(s, _XATTR))
+                except OSError:
+                    meta = {}
             return self._install(tmp, d, meta)
 
-        return await self._run(f"COPY {src} -> {dst}", go)
+        return await self._run(what, go)
+
+    def _replace_metadata(self, what: str, path: Path, metadata: dict[str, str]) -> str:
+        """Set the metadata xattr of the object at ``path`` in place, durably; its ETag."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except NotADirectoryError:
+            raise NotFound(f"{what}: not found") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # a directory: no object (as head says)
+                raise NotFound(f"{what}: not found")
+            try:
+                os.setxattr(fd, _XATTR, json.dumps(metadata).encode())
+            except OSError as e:
+                if e.errno != errno.ENOTSUP:  # ENOTSUP: no xattrs here, as in _install
+                    raise
+            os.fsync(fd)
+            return _etag(st)
+        finally:
+            os.close(fd)
 
     async def iter_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        """Markers included (as "a/b/"); the store's own names are left out (module doc)."""
+
         def go() -> list[ObjectInfo]:
             found = []
             for dirpath, dirnames, filenames in os.walk(self.root):
@@ -200,9 +278,13 @@ class FileStore(Store):
                 if rel == ".":
                     dirnames[:] = [d for d in dirnames if d not in _PRIVATE]
                     rel = ""
+                else:
+                    dirnames[:] = [d for d in dirnames if not d.startswith(_INTERNAL)]
                 for name in filenames:
-                    key = f"{rel}/{name}" if rel else name
-                    if key.startswith(prefix):
+                    key = self._key(rel, name)
+                    if key is None or not key.startswith(prefix):
+                        continue
+                    with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
                         found.append(_info(key, os.stat(os.path.join(dirpath, name))))
             return sorted(found, key=lambda o: o.key)
 
@@ -210,6 +292,10 @@ class FileStore(Store):
             yield info
 
     async def list_dir(self, prefix: str) -> Listing:
+        """Every directory one level below ``prefix`` is among ``dirs``: one exists while a
+        marker or an object is under it (``delete`` removes the directories it empties; a
+        crash may leave an empty one). Markers are never among ``objects`` (the one of
+        ``prefix`` itself included), and the store's own names are never listed."""
         if prefix and not prefix.endswith("/"):
             raise StoreError(f"LIST {prefix}: not a directory prefix", temporary=False)
         where = self._path(prefix[:-1]) if prefix else self.root
@@ -221,7 +307,7 @@ class FileStore(Store):
             except (FileNotFoundError, NotADirectoryError):
                 return Listing([], [])
             for e in entries:
-                if not prefix and e.name.startswith(_INTERNAL):
+                if e.name.startswith(_INTERNAL):  # markers and the store's own, at every level
                     continue
                 if e.is_dir(follow_symlinks=False):
                     dirs.append(f"{prefix}{e.name}/")
@@ -240,6 +326,8 @@ class FileStore(Store):
 
     async def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
         self._path(key)
+        if is_marker(key):
+            raise marker_error(key, f"CREATE-MULTIPART {key}")
         upload_id = uuid.uuid4().hex
 
         def go() -> str:

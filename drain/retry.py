@@ -24,7 +24,16 @@ from typing import Any, TypeVar
 
 import trio
 
-from drain.store import MAX_PART, Listing, NotFound, ObjectInfo, Store, StoreError, Upload
+from drain.store import (
+    MAX_PART,
+    Listing,
+    NotFound,
+    ObjectInfo,
+    Store,
+    StoreError,
+    Upload,
+    check_copy,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -167,29 +176,38 @@ class RetryingStore(Store):
 
     # -- copies ------------------------------------------------------------------------------------
 
-    async def copy(self, src: str, dst: str) -> str:
-        """Server-side copy of any size, metadata included; returns the new object's ETag.
+    async def copy(self, src: str, dst: str, metadata: dict[str, str] | None = None) -> str:
+        """Server-side copy of any size; returns the new object's ETag. Its metadata is
+        ``src``'s, or exactly ``metadata`` if given (then ``dst`` may be ``src``: an in-place
+        metadata update), as :meth:`drain.store.Store.copy` says.
 
-        Up to the inner store's ``copy_limit`` (S3: 5 GiB) it is one retried ``copy``. Above
-        it, a multipart upload: each part is a ``copy_part`` of the source pinned to the ETag
-        its HEAD returned (a source rewritten meanwhile raises Stale instead of mixing two
-        versions), and create, every part and complete are retried one by one, so a
-        temporary error costs one part, not the whole copy. Any failure, cancellation
-        included, aborts the upload under a shielded scope of at most ``ABORT_TIMEOUT``.
+        Up to the inner store's ``copy_limit`` (S3: 5 GiB) it is one retried ``copy``, given
+        ``metadata``. Above it, a multipart upload to ``dst`` created with ``metadata`` (or
+        the metadata the source's HEAD returned): each part is a ``copy_part`` of the source
+        pinned to the ETag that HEAD returned (a source rewritten meanwhile raises Stale
+        instead of mixing two versions), and create, every part and complete are retried one
+        by one, so a temporary error costs one part, not the whole copy. The source is only
+        read: with ``src == dst`` the object stays as it was until CompleteMultipartUpload
+        replaces it whole. Any failure, cancellation included, aborts the upload under a
+        shielded scope of at most ``ABORT_TIMEOUT``, which leaves the source as it was.
         """
+        check_copy(src, dst, metadata)
         what = f"copy {src} -> {dst}"
         limit = self.inner.copy_limit
         if limit is None:
-            return await self._retry(what, lambda: self.inner.copy(src, dst))
+            return await self._retry(what, lambda: self.inner.copy(src, dst, metadata))
         info = await self.head(src)
         if info is None:
             raise NotFound(f"{what}: source not found")
         if info.size <= limit:
-            return await self._retry(what, lambda: self.inner.copy(src, dst))
-        return await self._copy_in_parts(info, dst, min(limit, MAX_PART))
+            return await self._retry(what, lambda: self.inner.copy(src, dst, metadata))
+        new_metadata = info.metadata if metadata is None else metadata
+        return await self._copy_in_parts(info, dst, new_metadata, min(limit, MAX_PART))
 
-    async def _copy_in_parts(self, src: ObjectInfo, dst: str, part: int) -> str:
-        upload_id = await self.create_multipart(dst, src.metadata)
+    async def _copy_in_parts(
+        self, src: ObjectInfo, dst: str, metadata: dict[str, str], part: int
+    ) -> str:
+        upload_id = await self.create_multipart(dst, metadata)
         try:
             etags = []
             for n, start in enumerate(range(0, src.size, part), 1):

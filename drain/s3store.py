@@ -40,6 +40,9 @@ from drain.store import (
     Store,
     StoreError,
     Upload,
+    check_copy,
+    is_marker,
+    marker_error,
 )
 from drain.storeurl import StoreURL
 
@@ -301,6 +304,8 @@ class S3Store(Store):
             ) from None
 
     async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
+        if data and is_marker(key):  # S3 would take it; refused as FileStore must
+            raise marker_error(key, f"PUT {key}")
         r = await self._call(
             f"PUT {key}",
             "put_object",
@@ -385,15 +390,27 @@ class S3Store(Store):
             LifecycleConfiguration={"Rules": rules},
         )
 
-    async def copy(self, src: str, dst: str) -> str:
+    async def copy(self, src: str, dst: str, metadata: dict[str, str] | None = None) -> str:
         """One CopyObject (S3 refuses it above ``copy_limit``, 5 GiB: bigger objects are
-        copied by :meth:`drain.retry.RetryingStore.copy`, part by part with ``copy_part``)."""
+        copied by :meth:`drain.retry.RetryingStore.copy`, part by part with ``copy_part``).
+
+        With ``metadata``, MetadataDirective REPLACE (the only self-copy S3 allows). Either
+        way the tags are copied, the storage class is not (the copy is STANDARD), and the
+        copy is a new object: a new LastModified, and a new ETag if ``src`` was a multipart
+        upload (else usually the same: the ETag of a single-part upload is the data's MD5,
+        unless it is encrypted with SSE-KMS or SSE-C)."""
+        check_copy(src, dst, metadata)
+        directive: dict[str, Any] = (
+            {"MetadataDirective": "COPY"}
+            if metadata is None
+            else {"MetadataDirective": "REPLACE", "Metadata": metadata}
+        )
         r = await self._call(
             f"COPY {src} -> {dst}",
             "copy_object",
             Key=dst,
             CopySource={"Bucket": self.bucket, "Key": src},
-            MetadataDirective="COPY",
+            **directive,
         )
         return str(r["CopyObjectResult"]["ETag"])
 
@@ -442,6 +459,7 @@ class S3Store(Store):
             if token:
                 kwargs["ContinuationToken"] = token
             r = await self._call(f"LIST {prefix}", "list_objects_v2", **kwargs)
+            # The prefix's own directory marker ("a/b/" of "a/b/") is not one of its objects.
             objects += [_listed(o) for o in r.get("Contents", []) if o["Key"] != prefix]
             dirs += [str(p["Prefix"]) for p in r.get("CommonPrefixes", [])]
             if not r.get("IsTruncated"):
@@ -449,6 +467,8 @@ class S3Store(Store):
             token = r["NextContinuationToken"]
 
     async def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+        if is_marker(key):
+            raise marker_error(key, f"CREATE-MULTIPART {key}")
         r = await self._call(
             f"CREATE-MULTIPART {key}", "create_multipart_upload", Key=key, Metadata=metadata
         )

@@ -78,8 +78,51 @@ class Upload:
     initiated: float  # seconds since the epoch
 
 
+def is_marker(key: str) -> bool:
+    """Whether ``key`` names a directory marker: it ends in "/" (see :class:`Store`)."""
+    return key.endswith("/")
+
+
+def marker_error(key: str, what: str) -> StoreError:
+    """The permanent error for data sent to a directory marker (markers are always empty)."""
+    return StoreError(
+        f'{what}: {key!r} is a directory marker (its key ends in "/"), which holds no data',
+        temporary=False,
+        code="InvalidRequest",
+    )
+
+
+def check_copy(src: str, dst: str, metadata: dict[str, str] | None) -> None:
+    """Refuse, with a permanent StoreError, the copies no store makes: an object onto itself
+    without new metadata (S3 refuses it too), and a copy between a directory marker and an
+    object (it would put data under a marker, or make an object of one)."""
+    if src == dst and metadata is None:
+        raise StoreError(
+            f"COPY {src} -> {dst}: a copy onto itself needs new metadata",
+            temporary=False,
+            code="InvalidRequest",
+        )
+    if is_marker(src) != is_marker(dst):
+        raise StoreError(
+            f"COPY {src} -> {dst}: a directory marker is copied only to a marker",
+            temporary=False,
+            code="InvalidRequest",
+        )
+
+
 class Store(abc.ABC):
-    """Keys are full object keys (the store URL's prefix already applied)."""
+    """Keys are full object keys (the store URL's prefix already applied).
+
+    A key ending in "/" ("run/step_5/") is a directory marker, as S3 tools make them: an
+    empty object that stands for a directory (an empty one, or one whose mode, owner and
+    xattrs are kept in the marker's metadata). Markers are always empty: ``put`` of data and
+    ``create_multipart`` under a marker key are refused (permanent StoreError). A marker is
+    an object to ``head``, ``get``, ``delete`` and ``copy`` (to another marker key), and
+    ``iter_objects`` lists it, before the keys under it ("a/b/" < "a/b/x"). ``list_dir`` never
+    lists a marker among ``objects``: its directory is among the ``dirs`` of the level above,
+    and the marker of the prefix itself ("a/b/" in ``list_dir("a/b/")``) is left out.
+    Deleting a marker leaves the objects under it.
+    """
 
     url: str
     #: The largest object ``copy`` copies (in one request); None: any size. Bigger objects
@@ -93,7 +136,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
-        """Store ``data`` under ``key`` in one request; returns the ETag."""
+        """Store ``data`` under ``key`` in one request; returns the ETag. For a directory
+        marker ``data`` must be empty."""
 
     @abc.abstractmethod
     async def get(
@@ -110,9 +154,15 @@ class Store(abc.ABC):
         """Remove an object; a missing one is not an error."""
 
     @abc.abstractmethod
-    async def copy(self, src: str, dst: str) -> str:
-        """Server-side copy, metadata included, of an object up to ``copy_limit``; returns the
-        new object's ETag. NotFound if there is no ``src``."""
+    async def copy(self, src: str, dst: str, metadata: dict[str, str] | None = None) -> str:
+        """Server-side copy of an object up to ``copy_limit``; returns the new object's ETag.
+        NotFound if there is no ``src``.
+
+        The copy carries ``src``'s metadata, or, if ``metadata`` is given, exactly that (it
+        replaces the user metadata). With ``metadata``, ``dst`` may be ``src``: an in-place
+        metadata update, data unchanged, that a reader sees whole (old or new metadata, never
+        a mix). Refused (permanent StoreError): ``src`` onto itself without ``metadata``, and
+        a copy between a directory marker and an object (:func:`check_copy`)."""
 
     @abc.abstractmethod
     def iter_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
@@ -120,7 +170,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def list_dir(self, prefix: str) -> Listing:
-        """One level under ``prefix`` (S3's delimiter "/" listing), every page of it."""
+        """One level under ``prefix`` (S3's delimiter "/" listing), every page of it. No
+        directory marker is among ``objects`` (see :class:`Store`)."""
 
     async def delete_many(self, keys: list[str]) -> None:
         """Remove objects (missing ones are not an error); S3 batches 1,000 per request."""
@@ -142,7 +193,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
-        """Start a multipart upload; returns its upload id."""
+        """Start a multipart upload; returns its upload id. Refused for a directory marker."""
 
     @abc.abstractmethod
     async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:

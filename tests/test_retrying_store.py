@@ -19,7 +19,16 @@ import trio
 import trio.testing
 
 from drain.retry import ABORT_TIMEOUT, RetryingStore, RetryPolicy, RetryStats
-from drain.store import Listing, NotFound, ObjectInfo, Stale, Store, StoreError, Upload
+from drain.store import (
+    Listing,
+    NotFound,
+    ObjectInfo,
+    Stale,
+    Store,
+    StoreError,
+    Upload,
+    check_copy,
+)
 from drain.stores import open_store
 from drain.storeurl import parse_store_url
 
@@ -110,14 +119,15 @@ class MemoryStore(Store):
         for key in keys:
             self.objects.pop(key, None)
 
-    async def copy(self, src: str, dst: str) -> str:
+    async def copy(self, src: str, dst: str, metadata: dict[str, str] | None = None) -> str:
         await self._enter("copy")
+        check_copy(src, dst, metadata)
         if src not in self.objects:
             raise NotFound(f"COPY {src}: not found")
-        data, metadata, _ = self.objects[src]
+        data, old, _ = self.objects[src]
         assert self.copy_limit is None or len(data) <= self.copy_limit, "too big for one copy"
         etag = self._etag()
-        self.objects[dst] = (data, metadata, etag)
+        self.objects[dst] = (data, old if metadata is None else dict(metadata), etag)
         return etag
 
     async def iter_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
@@ -476,6 +486,77 @@ def test_a_large_copy_goes_in_parts_each_retried_alone() -> None:
     run(go)
 
 
+def test_a_small_copy_passes_new_metadata_through() -> None:
+    """Up to the copy limit (and with no limit) the metadata goes to the one copy call,
+    which may then be a copy onto the source itself; without metadata that is refused."""
+
+    async def go() -> None:
+        for limit in (100, None):
+            s = MemoryStore(copy_limit=limit)
+            await s.put("src", b"0123456789", {"m": "1"})
+            rs = wrapped(s)
+            s.fail("copy", temporary())
+            etag = await rs.copy("src", "dst", {"m": "2", "mode": "384"})
+            assert s.objects["dst"] == (b"0123456789", {"m": "2", "mode": "384"}, etag)
+            assert s.objects["src"][1] == {"m": "1"}
+            etag = await rs.copy("src", "src", {"m": "3"})
+            assert s.objects["src"] == (b"0123456789", {"m": "3"}, etag)
+            assert s.calls["copy"] == 3 and s.calls["copy_part"] == 0
+            with pytest.raises(StoreError) as e:
+                await rs.copy("src", "src")
+            assert not e.value.temporary and s.calls["copy"] == 3  # refused before any call
+            assert s.objects["src"][2] == etag
+
+    run(go)
+
+
+def test_a_large_copy_in_parts_takes_the_new_metadata() -> None:
+    async def go() -> None:
+        s = MemoryStore(copy_limit=4)
+        await s.put("src", b"0123456789", {"m": "1"})
+        rs = wrapped(s)
+        etag = await rs.copy("src", "dst", {"m": "2"})
+        assert s.objects["dst"] == (b"0123456789", {"m": "2"}, etag)
+        assert s.objects["src"][1] == {"m": "1"}
+        assert s.calls["copy"] == 0 and s.calls["create_multipart"] == 1
+        assert s.calls["copy_part"] == 3 and s.uploads == {}
+
+    run(go)
+
+
+def test_a_large_copy_onto_itself_leaves_the_source_alone_until_complete() -> None:
+    """An in-place metadata update above the copy limit: the parts are read from the object
+    itself, which stays as it was (same data, metadata and ETag) until the upload completes,
+    also when a step is retried; a failure aborts the upload and leaves it untouched."""
+
+    async def go() -> None:
+        s = MemoryStore(copy_limit=4)
+        before = (b"0123456789", {"m": "1"}, await s.put("k", b"0123456789", {"m": "1"}))
+        rs = wrapped(s)
+        seen: list[tuple[bytes, dict[str, str], str]] = []
+
+        async def look() -> None:
+            seen.append(s.objects["k"])
+
+        s.fail("copy_part", temporary(), look)
+        s.fail("complete_multipart", temporary(), look)
+        etag = await rs.copy("k", "k", {"m": "2", "mode": "384"})
+        assert seen == [before, before]  # at a part and at the complete that lands
+        assert s.objects["k"] == (b"0123456789", {"m": "2", "mode": "384"}, etag)
+        assert etag != before[2] and s.uploads == {} and s.calls["copy"] == 0
+        assert s.calls["create_multipart"] == 1 and s.calls["copy_part"] == 4
+        assert s.calls["complete_multipart"] == 2
+
+        now = s.objects["k"]
+        s.fail("copy_part", trio.lowlevel.checkpoint, StoreError("bad", temporary=False))
+        with pytest.raises(StoreError, match="bad"):
+            await rs.copy("k", "k", {"m": "3"})
+        assert s.objects["k"] == now and s.uploads == {}
+        assert s.calls["abort_multipart"] == 1
+
+    run(go)
+
+
 def test_a_part_that_fails_for_good_aborts_the_copy() -> None:
     async def go() -> None:
         s = MemoryStore(copy_limit=4)
@@ -560,6 +641,18 @@ def test_file_store_copies_in_parts(tmp_path: Path) -> None:
             info = await fs.head("dst")
             assert info is not None and info.metadata == {"m": "1"}
             assert [u async for u in fs.iter_uploads("")] == []
+            new = await rs.copy("src", "dst3", {"m": "3"})
+            info = await fs.head("dst3")
+            assert info is not None and info.metadata == {"m": "3"} and info.etag == new
+            assert await fs.get("dst3") == data
+            # In place, part by part: the parts are read from the file the upload replaces.
+            new = await rs.copy("src", "src", {"m": "2", "mode": "384"})
+            info = await fs.head("src")
+            assert info is not None and info.metadata == {"m": "2", "mode": "384"}
+            assert info.etag == new != etag  # a new file
+            assert await fs.get("src") == data
+            assert [u async for u in fs.iter_uploads("")] == []
+            etag = new
             uid = await fs.create_multipart("dst2", {})
             with pytest.raises(Stale):
                 await fs.copy_part("src", "dst2", uid, 1, 0, 10, etag=etag + "x")
@@ -588,6 +681,14 @@ def test_s3_copies_in_parts_with_upload_part_copy(s3_endpoint: str, bucket: str)
             info = await s3.head("pre/dst")
             assert info is not None and info.etag == new and info.metadata == {"xxh3-128": "abc"}
             assert [u async for u in s3.iter_uploads("pre/")] == []
+            # In place with new metadata, part by part (UploadPartCopy from the key itself).
+            new = await rs.copy("pre/src", "pre/src", {"xxh3-128": "abc", "mode": "384"})
+            assert await s3.get("pre/src") == data
+            info = await s3.head("pre/src")
+            assert info is not None and info.etag == new
+            assert info.metadata == {"xxh3-128": "abc", "mode": "384"}
+            assert [u async for u in s3.iter_uploads("pre/")] == []
+            etag = new
             uid = await s3.create_multipart("pre/dst2", {})
             try:
                 with pytest.raises(NotFound):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -129,6 +130,156 @@ def test_listing_one_level_and_etags_that_name_a_version(store_cm: StoreFactory)
             await s.get("r/big", 0, 3, etag=etags["r/big"])
 
     run(store_cm, body)
+
+
+def test_copy_with_new_metadata_and_in_place(store_cm: StoreFactory) -> None:
+    """A copy with metadata gets exactly that metadata; onto the source itself it is an
+    in-place metadata update (data unchanged), which needs metadata."""
+    data = os.urandom(1 << 20)
+
+    async def body(s: Store) -> None:
+        await s.put("m/a", data, {"xxh3-128": "abc", "mode": "420"})
+        etag = await s.copy("m/a", "m/b", {"xxh3-128": "abc", "uid": "1000"})
+        info = await s.head("m/b")
+        assert info is not None and info.etag == etag and info.size == len(data)
+        assert info.metadata == {"xxh3-128": "abc", "uid": "1000"}  # replaced, not merged
+        assert await s.get("m/b") == data
+        assert (await s.head("m/a")).metadata == {"xxh3-128": "abc", "mode": "420"}  # type: ignore[union-attr]
+
+        etag = await s.copy("m/a", "m/a", {"xxh3-128": "abc", "mode": "384"})
+        info = await s.head("m/a")
+        assert info is not None and info.etag == etag and info.size == len(data)
+        assert info.metadata == {"xxh3-128": "abc", "mode": "384"}
+        assert await s.get("m/a") == data
+        assert await s.get("m/a", 0, 10, etag=etag) == data[:10]
+        assert [o.key async for o in s.iter_objects("m/")] == ["m/a", "m/b"]
+
+        assert await s.copy("m/a", "m/a", {}) == (await s.head("m/a")).etag  # type: ignore[union-attr]
+        assert (await s.head("m/a")).metadata == {}  # type: ignore[union-attr]
+        assert await s.get("m/a") == data
+        with pytest.raises(StoreError) as e:
+            await s.copy("m/a", "m/a")  # nothing would change: S3 refuses it too
+        assert not e.value.temporary
+        with pytest.raises(NotFound):
+            await s.copy("m/missing", "m/missing", {"mode": "384"})
+        assert await s.head("m/missing") is None
+
+    run(store_cm, body)
+
+
+def test_directory_markers(store_cm: StoreFactory) -> None:
+    """A key ending in "/" is an empty marker object standing for a directory: next to
+    objects under the same prefix, listed by iter_objects (before them), a dir of the level
+    above in list_dir but never one of its objects, and deleted alone."""
+
+    async def body(s: Store) -> None:
+        etag = await s.put("d/run/step_5/", b"", {"mode": "493", "uid": "1000"})
+        await s.put("d/run/step_5/x.pt", b"x", {})
+        await s.put("d/run/a.pt", b"aa", {})
+        await s.put("d/run/empty/", b"", {"mode": "448"})
+        info = await s.head("d/run/step_5/")
+        assert info is not None and (info.key, info.size, info.etag) == ("d/run/step_5/", 0, etag)
+        assert info.metadata == {"mode": "493", "uid": "1000"}
+        assert await s.get("d/run/step_5/") == b""
+        assert await s.head("d/run/") is None  # a directory with objects, but no marker
+        assert await s.head("d/run/step_5") is None  # the key without "/" is another one
+        with pytest.raises(NotFound):
+            await s.get("d/run/")
+
+        listed = [(o.key, o.size) async for o in s.iter_objects("d/")]
+        assert listed == [
+            ("d/run/a.pt", 2),
+            ("d/run/empty/", 0),
+            ("d/run/step_5/", 0),
+            ("d/run/step_5/x.pt", 1),
+        ]
+        assert [o.key async for o in s.iter_objects("d/run/step_5/")] == [
+            "d/run/step_5/",
+            "d/run/step_5/x.pt",
+        ]
+        level = await s.list_dir("d/run/")
+        assert [o.key for o in level.objects] == ["d/run/a.pt"]
+        assert level.dirs == ["d/run/empty/", "d/run/step_5/"]
+        below = await s.list_dir("d/run/step_5/")  # its own marker is not among its objects
+        assert [o.key for o in below.objects] == ["d/run/step_5/x.pt"] and below.dirs == []
+        assert await s.list_dir("d/run/empty/") == Listing([], [])
+        assert (await s.list_dir("d/")).dirs == ["d/run/"]
+
+        with pytest.raises(StoreError) as e:
+            await s.put("d/bad/", b"data", {})  # markers are always empty
+        assert not e.value.temporary
+        assert await s.head("d/bad/") is None
+        with pytest.raises(StoreError) as e:
+            await s.create_multipart("d/bad/", {})
+        assert not e.value.temporary
+        with pytest.raises(StoreError) as e:
+            await s.copy("d/run/a.pt", "d/bad/")  # data under a marker
+        assert not e.value.temporary
+        assert await s.head("d/bad/") is None
+
+        copied = await s.copy("d/run/step_5/", "d/other/")
+        info = await s.head("d/other/")
+        assert info is not None and info.etag == copied and info.size == 0
+        assert info.metadata == {"mode": "493", "uid": "1000"}
+        await s.copy("d/run/step_5/", "d/third/", {"mode": "511"})
+        assert (await s.head("d/third/")).metadata == {"mode": "511"}  # type: ignore[union-attr]
+        updated = await s.copy("d/run/step_5/", "d/run/step_5/", {"mode": "448"})
+        info = await s.head("d/run/step_5/")
+        assert info is not None and info.etag == updated and info.size == 0
+        assert info.metadata == {"mode": "448"}
+        assert (await s.list_dir("d/")).dirs == ["d/other/", "d/run/", "d/third/"]
+
+        await s.delete("d/run/step_5/")  # the marker only: the object under it stays
+        await s.delete("d/run/step_5/")
+        assert await s.head("d/run/step_5/") is None
+        assert await s.get("d/run/step_5/x.pt") == b"x"
+        assert [o.key async for o in s.iter_objects("d/run/step_5/")] == ["d/run/step_5/x.pt"]
+        assert (await s.list_dir("d/run/")).dirs == ["d/run/empty/", "d/run/step_5/"]
+
+        await s.delete("d/run/empty/")  # nothing left under it: the directory goes too
+        assert (await s.list_dir("d/run/")).dirs == ["d/run/step_5/"]
+        await s.delete_many(["d/run/step_5/x.pt", "d/run/a.pt", "d/other/", "d/third/"])
+        assert await s.list_dir("d/") == Listing([], [])
+        assert [o.key async for o in s.iter_objects("d/")] == []
+
+    run(store_cm, body)
+
+
+def test_file_store_markers_and_reserved_names(tmp_path: Path) -> None:
+    """FileStore's layout: a marker is ``<dir>/.ckptgw-dir``; ``.ckptgw-`` names below the
+    root are no keys and never listed; the gateway's pins at the root still are keys."""
+
+    async def go() -> None:
+        root = tmp_path / "store"
+        async with open_store(parse_store_url(f"file://{root}")) as s:
+            await s.check()
+            await s.put("a/b/", b"", {"mode": "493"})
+            await s.put("a/b/c", b"c", {})
+            marker = root / "a" / "b" / ".ckptgw-dir"
+            assert marker.is_file() and marker.stat().st_size == 0
+            assert json.loads(os.getxattr(marker, "user.ckptgw")) == {"mode": "493"}
+            for key in ("a/.ckptgw-dir", "a/b/.ckptgw-x", "a/.ckptgw-tmp/y", ".ckptgw-dir"):
+                with pytest.raises(StoreError) as e:
+                    await s.put(key, b"x", {})
+                assert e.value.code == "BadKey" and not e.value.temporary
+            (root / "a" / ".ckptgw-junk").write_bytes(b"j")  # the store's own: never listed
+            (root / "a" / ".ckptgw-junkdir").mkdir()
+            (root / "a" / ".ckptgw-junkdir" / "f").write_bytes(b"f")
+            assert [o.key async for o in s.iter_objects("")] == ["a/b/", "a/b/c"]
+            listing = await s.list_dir("a/")
+            assert listing.objects == [] and listing.dirs == ["a/b/"]
+
+            await s.put(".ckptgw-pins/run1", b"", {"pinned-at": "1"})  # the gateway's pins
+            assert [o.key async for o in s.iter_objects(".ckptgw-pins/")] == [".ckptgw-pins/run1"]
+            assert (await s.list_dir("")).dirs == ["a/"]  # the mount never shows them
+
+            await s.copy("a/b/", "a/b/", {"mode": "448"})  # in place: the same file
+            assert marker.is_file()
+            assert json.loads(os.getxattr(marker, "user.ckptgw")) == {"mode": "448"}
+            await s.delete("a/b/")
+            assert not marker.exists() and (root / "a" / "b" / "c").is_file()
+
+    trio.run(go)
 
 
 # -- faults ------------------------------------------------------------------------------------
