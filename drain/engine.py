@@ -155,7 +155,7 @@ class DrainEngine:
             return Hold.WRITING
         if ino.syncing > 0:
             return Hold.SYNCING
-        return Ready(self.fs.keys.key_of(inode), ino.mtime_ns)
+        return Ready(self.fs.keys.entry_key(ino), ino.mtime_ns)
 
     def dirty(self) -> list[int]:
         return self.journal.dirty_files()

@@ -1,11 +1,17 @@
-"""Store operations: the moves and deletes that renames and unlinks journaled
-(:mod:`fsops.storekeys`), carried out in order, woken by events rather than polling.
+"""Store operations: the moves, deletes and metadata updates that renames, unlinks and
+attribute changes journaled (:mod:`fsops.storekeys`), carried out in order, woken by events
+rather than polling.
 
-A move is a server-side copy then a delete of the source. An operation whose source an upload
-is still writing waits for that upload to end. A move whose source is gone counts as done if
-its destination exists (a crash after the copy); otherwise the object was deleted by someone
-else, and the file is uploaded again from the cache (:meth:`FileStates.lost`). Failures wait
-and are retried (a flush retries at once); the filesystem never waits for them.
+A move is a server-side copy then a delete of the source. A metadata update ('meta') is a
+server-side copy of the object onto itself with the entry's metadata as it is when the copy
+runs; an entry that is no longer clean or remote by then takes its metadata with its upload,
+and an object someone else rewrote meanwhile is left alone (last writer wins).
+
+An operation whose source an upload is still writing waits for that upload to end. A move
+whose source is gone counts as done if its destination exists (a crash after the copy);
+otherwise the object was deleted by someone else, and the entry is uploaded again from this
+node (:meth:`FileStates.lost`). Failures wait and are retried (a flush retries at once);
+the filesystem never waits for them.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from drain.scheduler import Scheduler
 from drain.store import NotFound, Store, StoreError
 from fsops.filesystem import Filesystem
 from fsops.journal import State, StoreOp
+from fsops.objectmeta import encode, updated
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +71,9 @@ class StoreOps:
         if op.kind == "delete":
             await self.store.delete(op.src)
             return
+        if op.kind == "meta":
+            await self._update_metadata(op)
+            return
         assert op.dst is not None
         try:
             etag = await self.store.copy(op.src, op.dst)
@@ -79,12 +89,67 @@ class StoreOps:
             self.fs.states.etag_changed(row, etag)
         await self.store.delete(op.src)
 
+    async def _update_metadata(self, op: StoreOp) -> None:
+        found = self.journal.stored_at(op.src)
+        if found is None:
+            return  # the entry went; its delete follows
+        row = self.fs.table.current(found)
+        if row.state not in (State.CLEAN, State.REMOTE):
+            return  # it goes again, with its metadata
+        info = await self.store.head(op.src)
+        if info is None:
+            self._lost(op.src, "before its metadata could be updated")
+            return
+        if info.etag != row.stored_etag:
+            log.info("%s was rewritten elsewhere; its metadata is left as it is", op.src)
+            return
+        ours = encode(
+            row.mode,
+            row.uid,
+            row.gid,
+            row.mtime_ns,
+            size=row.size,
+            rdev=row.rdev,
+            xattrs=self.journal.xattrs(row.id),
+            checksum=row.checksum,
+        )
+        try:
+            etag = await self.store.copy(op.src, op.src, updated(info.metadata, ours))
+        except NotFound:
+            self._lost(op.src, "before its metadata could be updated")
+            return
+        except StoreError as e:
+            if e.temporary:
+                raise
+            # E.g. an object in an archive class cannot be copied. The operations after this
+            # one must not wait for it forever; the content in the store is intact.
+            log.error(
+                "cannot update the metadata of %s (%s): the store keeps its old mode, owner, "
+                "mtime and xattrs",
+                op.src,
+                e,
+            )
+            return
+        self.fs.states.etag_changed(row, etag)
+
     def _lost_source(self, op: StoreOp) -> None:
         """The object to move vanished from the store (someone deleted it): upload it again."""
+        assert op.dst is not None
+        self._lost(op.dst, f"before it could move from {op.src}")
+
+    def _lost(self, key: str, when: str) -> None:
+        """The object of the entry that is (to be) at ``key`` vanished: a clean entry is
+        uploaded again from this node; a remote one is gone (the next listing drops it)."""
+        found = self.journal.stored_at(key)
+        if found is None:
+            return
+        row = self.fs.table.current(found)
         log.warning(
-            "object %s vanished before it could move to %s; uploading again", op.src, op.dst
+            "object %s vanished %s; %s",
+            key,
+            when,
+            "uploading again" if row.state is State.CLEAN else "the store has lost it",
         )
-        for row in self.journal.regular_files():
-            if row.stored_key == op.dst and self.fs.table.current(row).state is State.CLEAN:
-                self.fs.states.lost(row)
-                self.scheduler.written(row.id)
+        if row.state is State.CLEAN:
+            self.fs.states.lost(row)
+            self.scheduler.written(row.id)

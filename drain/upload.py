@@ -1,4 +1,8 @@
-"""Uploading one file: the current generation of a dirty file, to its current key.
+"""Uploading one entry: the current generation of a dirty entry, to its current key.
+
+A regular file's object holds its content; a symlink's its target; a directory (its marker,
+a key ending in "/"), FIFO, socket or device gets an empty object. The metadata says what the
+entry is (:mod:`fsops.objectmeta`).
 
 Single PUT up to the multipart threshold; above it, a multipart upload whose parts go in
 parallel (bounded by a limiter shared by all uploads, so memory stays at most
@@ -25,12 +29,13 @@ from drain.progress import DrainStats, UploadProgress
 from drain.store import NotFound, Store, StoreError, part_size_for
 from fsops.inodes import Inode, InodeTable
 from fsops.journal import UploadRow
+from fsops.objectmeta import CHECKSUM, encode
 from fsops.state import FileStates
 from fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
 
-META_CHECKSUM = "xxh3-128"
+META_CHECKSUM = CHECKSUM
 HASH_CHUNK = 8 << 20
 # Seconds a CreateMultipartUpload may hold off a cancel (a change, an unmount) so that its id
 # is journaled; past this the answer is given up and the upload left to the orphan sweep.
@@ -130,6 +135,8 @@ class Uploader:
 
         Raises StoreError (the file stays dirty) or Changed. Cancellation keeps the journal's
         upload record, so the next attempt (or the next mount) resumes it."""
+        if not ino.is_reg:
+            return await self._entry(ino, generation, key, progress)
         size = ino.size
         progress.size = size
         fd = self.table.cache.open(ino.id)
@@ -155,12 +162,7 @@ class Uploader:
                 )
                 _check(ino, generation)
                 record = UploadRow(ino.id, generation, key, None, 0, size, checksum)
-            meta = {
-                META_CHECKSUM: record.checksum,
-                "size": str(size),
-                "mtime-ns": str(ino.mtime_ns),
-                "mode": f"{ino.mode & 0o7777:o}",
-            }
+            meta = self._metadata(ino, size, record.checksum)
             if size <= self.config.multipart_threshold:
                 etag = await self._single(ino, fd, record, meta, progress)
             else:
@@ -170,6 +172,30 @@ class Uploader:
         clean = self._finish(ino, record, etag)
         self.drained.files += 1
         return clean
+
+    def _metadata(self, ino: Inode, size: int, checksum: str | None) -> dict[str, str]:
+        return encode(
+            ino.mode,
+            ino.uid,
+            ino.gid,
+            ino.mtime_ns,
+            size=size,
+            rdev=ino.rdev,
+            xattrs=self.journal.xattrs(ino.id),
+            checksum=checksum,
+        )
+
+    async def _entry(self, ino: Inode, generation: int, key: str, progress: UploadProgress) -> bool:
+        """An entry without content in the cache: one PUT of its target (a symlink) or of
+        nothing, with what it is in the metadata."""
+        data = ino.target or b""
+        progress.size = len(data)
+        record = UploadRow(ino.id, generation, key, None, 0, len(data), "")
+        meta = self._metadata(ino, len(data), None)
+        self._begin(record)
+        _check(ino, generation)
+        etag = await self._send(progress, len(data), lambda: self.store.put(key, data, meta))
+        return self._finish(ino, record, etag)  # drained.files counts regular files only
 
     async def _single(
         self,
@@ -280,7 +306,7 @@ class Uploader:
         meanwhile; returns whether it did."""
         with self.journal.transaction():
             self.journal.drop_upload(ino.id)
-            key = self.keys.key_of(ino.id) if ino.parent is not None else None
+            key = self.keys.entry_key(ino) if ino.parent is not None else None
             # Renamed while uploading, and another file was moved to the old key since: that
             # key is the other file's now (its move waits for this upload to end, then
             # overwrites what it sent). This file goes again, to its new key.
@@ -289,7 +315,7 @@ class Uploader:
                 key is not None
                 and not taken
                 and self.states.finish_upload(
-                    ino, record.generation, record.size, key, etag, record.checksum
+                    ino, record.generation, record.size, key, etag, record.checksum or None
                 )
             )
             if clean and key != record.key:  # renamed while uploading: complete, then move

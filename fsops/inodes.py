@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import stat
 from dataclasses import dataclass, field
 
 import trio
@@ -45,14 +44,6 @@ class Inode(InodeRow):
     unsynced_bytes: int = 0  # written since the last early write-back kick
     charged: int = 0  # bytes of the cache file counted in the cache's use (fsops.space)
     dirtying: trio.Event | None = field(default=None, repr=False)
-
-    @property
-    def is_dir(self) -> bool:
-        return stat.S_ISDIR(self.mode)
-
-    @property
-    def is_reg(self) -> bool:
-        return stat.S_ISREG(self.mode)
 
 
 class InodeTable:

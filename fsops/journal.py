@@ -26,7 +26,7 @@ from pathlib import Path
 
 import trio
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ROOT_INODE = 1
 
 
@@ -61,11 +61,20 @@ class InodeRow:
     stored_key: str | None = None
     stored_etag: str | None = None
     checksum: str | None = None
+    rdev: int = 0
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_reg(self) -> bool:
+        return stat.S_ISREG(self.mode)
 
 
 _INODE_COLS = (
     "id, parent, name, mode, uid, gid, size, atime_ns, mtime_ns, ctime_ns, target, state, "
-    "generation, stored_key, stored_etag, checksum"
+    "generation, stored_key, stored_etag, checksum, rdev"
 )
 
 
@@ -118,7 +127,8 @@ _SCHEMA = """
             value TEXT NOT NULL
         );
 
-        -- One row per inode. Hard links are not supported (EPERM), so every inode has at most
+        -- One row per inode: every kind of entry (regular file, directory, symlink, FIFO,
+        -- socket, device). Hard links are not supported (EPERM), so every inode has at most
         -- one name and the namespace lives in the same row: (parent, name).
         CREATE TABLE inodes (
             id         INTEGER PRIMARY KEY,   -- FUSE inode number; 1 is the root
@@ -137,6 +147,7 @@ _SCHEMA = """
             stored_key  TEXT,                 -- where the store holds this inode's content
             stored_etag TEXT,                 --   (NULL: nowhere; see ARCHITECTURE.md)
             checksum   TEXT,                  -- xxh3-128 of the content at stored_key
+            rdev       INTEGER NOT NULL DEFAULT 0, -- device number (character, block devices)
             UNIQUE (parent, name)
         );
         -- readdir walks a directory in inode-number order: offsets stay stable while entries
@@ -200,7 +211,7 @@ class Journal:
                 now = time.time_ns()
                 self.db.execute(
                     f"INSERT INTO inodes ({_INODE_COLS}) "
-                    "VALUES (?, NULL, NULL, ?, ?, ?, 0, ?, ?, ?, NULL, ?, 1, NULL, NULL, NULL)",
+                    "VALUES (?, NULL, NULL, ?, ?, ?, 0, ?, ?, ?, NULL, ?, 1, NULL, NULL, NULL, 0)",
                     (ROOT_INODE, 0o40755, os.getuid(), os.getgid(), now, now, now, State.CLEAN),
                 )
                 self.db.executemany(
@@ -208,6 +219,9 @@ class Journal:
                     [("schema_version", str(SCHEMA_VERSION)), ("clean_shutdown", "1")],
                 )
         version = int(self.get_meta("schema_version") or 0)
+        if version == 1:
+            self._migrate_from_1()
+            version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise JournalError(
                 f"journal {path} has schema version {version}, this ckptgw reads {SCHEMA_VERSION}"
@@ -215,6 +229,19 @@ class Journal:
         # The WAL exists from the first commit on and is never deleted while we hold the
         # connection open (it is only truncated), so one descriptor serves every barrier.
         self._wal_fd = os.open(f"{path}-wal", os.O_RDONLY | os.O_CREAT, 0o600)
+
+    def _migrate_from_1(self) -> None:
+        """Version 1 had no device numbers, and only regular files had a drain state: its
+        directories and symlinks were never in the store, so they start dirty here (their
+        marker or object is uploaded)."""
+        with self.transaction():
+            self.db.execute("ALTER TABLE inodes ADD COLUMN rdev INTEGER NOT NULL DEFAULT 0")
+            self.db.execute(
+                f"UPDATE inodes SET state = ? WHERE NOT {_IS_REG} AND id != ? "
+                "AND parent IS NOT NULL AND state = ?",
+                (State.DIRTY, ROOT_INODE, State.CLEAN),
+            )
+            self.set_meta("schema_version", str(SCHEMA_VERSION))
 
     # -- transactions and durability ---------------------------------------------------------
 
@@ -270,8 +297,8 @@ class Journal:
         """Insert a new inode (``row.id`` is ignored) and return its number."""
         cur = self.db.execute(
             "INSERT INTO inodes (parent, name, mode, uid, gid, size, atime_ns, mtime_ns, "
-            "ctime_ns, target, state, generation, stored_key, stored_etag, checksum) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "ctime_ns, target, state, generation, stored_key, stored_etag, checksum, rdev) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 row.parent,
                 row.name,
@@ -288,6 +315,7 @@ class Journal:
                 row.stored_key,
                 row.stored_etag,
                 row.checksum,
+                row.rdev,
             ),
         )
         assert cur.lastrowid is not None
@@ -424,14 +452,16 @@ class Journal:
         return [int(r[0]) for r in rows]
 
     def regular_files(self) -> list[InodeRow]:
+        """Every regular file, named or orphaned (those that have cache files)."""
         rows = self.db.execute(f"SELECT {_INODE_COLS} FROM inodes WHERE {_IS_REG}").fetchall()
         return [_row(r) for r in rows]
 
     def totals_by_state(self) -> dict[State, tuple[int, int]]:
-        """(files, bytes) per state, regular files only."""
+        """(entries, bytes of content) per state: every entry but the root, and the sizes of
+        regular files (a symlink's or a directory's size is not content in the cache)."""
         rows = self.db.execute(
-            "SELECT state, count(*), coalesce(sum(size), 0) FROM inodes "
-            f"WHERE {_IS_REG} GROUP BY state"
+            f"SELECT state, count(*), coalesce(sum(CASE WHEN {_IS_REG} THEN size END), 0) "
+            "FROM inodes WHERE parent IS NOT NULL GROUP BY state"
         ).fetchall()
         return {State(r[0]): (int(r[1]), int(r[2])) for r in rows}
 
@@ -477,8 +507,9 @@ class Journal:
             row = self.lookup(row.id, name.encode())
         return row
 
-    def files_under(self, inode: int) -> list[tuple[InodeRow, str]]:
-        """Every regular file below a directory, with its path relative to it ("a/b")."""
+    def files_under(self, inode: int, *, dirs: bool = False) -> list[tuple[InodeRow, str]]:
+        """Every entry below a directory but directories (regular files, symlinks, special
+        files; with ``dirs``, directories too), with its path relative to it ("a/b")."""
         cols = ", ".join(f"i.{c.strip()}" for c in _INODE_COLS.split(","))
         rows = self.db.execute(
             f"""
@@ -489,21 +520,23 @@ class Journal:
                   FROM inodes i JOIN sub ON i.parent = sub.id
             )
             SELECT {cols}, sub.rel FROM sub JOIN inodes i ON i.id = sub.id
-             WHERE (i.mode & {stat.S_IFMT(0xFFFFFFFF)}) = {stat.S_IFREG}
+             WHERE ? OR (i.mode & {stat.S_IFMT(0xFFFFFFFF)}) != {stat.S_IFDIR}
             """,
-            (inode,),
+            (inode, dirs),
         ).fetchall()
         return [(_row(r[:-1]), str(r[-1])) for r in rows]
 
     def files_in_state(self, state: State) -> list[InodeRow]:
+        """Entries of every kind in ``state`` (the root, never drained, is always clean)."""
         rows = self.db.execute(
-            f"SELECT {_INODE_COLS} FROM inodes WHERE {_IS_REG} AND state = ?", (state,)
+            f"SELECT {_INODE_COLS} FROM inodes WHERE state = ? AND id != ?", (state, ROOT_INODE)
         ).fetchall()
         return [_row(r) for r in rows]
 
     def dirty_files(self) -> list[int]:
+        """Named entries of every kind that the store lacks (dirty) or is being sent."""
         rows = self.db.execute(
-            f"SELECT id FROM inodes WHERE {_IS_REG} AND state IN (?, ?) AND parent IS NOT NULL",
+            "SELECT id FROM inodes WHERE state IN (?, ?) AND parent IS NOT NULL",
             (State.DIRTY, State.UPLOADING),
         ).fetchall()
         return [int(r[0]) for r in rows]
@@ -567,6 +600,18 @@ class Journal:
         return {k for r in rows for k in r if k is not None}
 
     # -- xattrs --------------------------------------------------------------------------------
+
+    def xattrs(self, inode: int) -> list[tuple[bytes, bytes]]:
+        rows = self.db.execute(
+            "SELECT name, value FROM xattrs WHERE inode = ? ORDER BY name", (inode,)
+        )
+        return [(bytes(r[0]), bytes(r[1])) for r in rows]
+
+    def replace_xattrs(self, inode: int, pairs: list[tuple[bytes, bytes]]) -> None:
+        self.db.execute("DELETE FROM xattrs WHERE inode = ?", (inode,))
+        self.db.executemany(
+            "INSERT INTO xattrs VALUES (?, ?, ?)", [(inode, n, v) for n, v in pairs]
+        )
 
     def get_xattr(self, inode: int, name: bytes) -> bytes | None:
         r = self.db.execute(

@@ -15,7 +15,7 @@ from fsops.inodes import fs_error
 
 NAME_MAX = 255
 KEY_MAX = 1024
-RESERVED = b".ckptgw-"  # at the mount's root: the gateway's own keys (pins), never files
+RESERVED = b".ckptgw-"  # the gateway's own names (pins, directory markers), never files
 
 
 class KeyRules:
@@ -32,8 +32,8 @@ class KeyRules:
 
     def check_key(self, parent_components: list[bytes], name: bytes, subtree: int = 0) -> None:
         """Refuse ``parent/name`` (plus ``subtree`` bytes of descendants) if its key is too long,
-        and the reserved names at the root."""
-        if not parent_components and name.startswith(RESERVED):
+        and the reserved names."""
+        if name.startswith(RESERVED):
             raise fs_error(errno.EPERM)
         path_len = sum(len(c) + 1 for c in parent_components) + len(name) + subtree
         if self.prefix_len + path_len > KEY_MAX:

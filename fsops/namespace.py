@@ -1,4 +1,11 @@
-"""Names and attributes: lookup, create, mkdir, symlink, unlink, rmdir, rename, setattr, xattrs.
+"""Names and attributes: lookup, create, mknod, mkdir, symlink, unlink, rmdir, rename, setattr,
+xattrs.
+
+Every entry below the root goes to the store (:mod:`fsops.objectmeta` says how): a new one is
+``dirty`` until the drain has put its object. An attribute that the object's metadata carries
+(mode, owner, mtime, ``user.*`` extended attributes) changed on an entry the store holds
+journals a ``meta`` store operation (an in-place copy with the new metadata), so the content
+does not travel again.
 
 Each operation validates first, then changes the journal in one transaction, then frees cache
 files of inodes it destroyed (a crash in between leaves only cache files without a row, which
@@ -8,6 +15,7 @@ recovery removes). Errors are raised as OSError with an errno; the FUSE layer tr
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import time
@@ -19,9 +27,12 @@ import pyfuse3
 from fsops.inodes import Inode, InodeTable, fs_error
 from fsops.journal import InodeRow, Journal, State
 from fsops.names import KeyRules
+from fsops.objectmeta import xattrs_fit
 from fsops.space import CacheSpace
 from fsops.state import FileStates
 from fsops.storekeys import StoreKeys
+
+log = logging.getLogger(__name__)
 
 
 class Caller(Protocol):
@@ -132,10 +143,7 @@ class Namespace:
     def _link_new(self, parent: Inode, row: InodeRow, *, cache_file: bool = False) -> Inode:
         """Insert the row (and create its empty cache file) in one transaction."""
         with self.journal.transaction():
-            if stat.S_ISREG(row.mode):
-                row.id = self.states.insert_local(row)
-            else:
-                row.id = self.journal.insert(row)
+            row.id = self.states.insert_local(row)
             if cache_file:
                 self.table.cache.create(row.id)
             self.journal.touch_dir(parent.id, row.ctime_ns)
@@ -144,6 +152,8 @@ class Namespace:
         ino.entry_synced = not cache_file
         parent.mtime_ns = parent.ctime_ns = row.ctime_ns
         ino.lookups += 1
+        if not cache_file:
+            self.states.quiet(ino)  # nothing writes it: it goes once settled
         return ino
 
     def mkdir(self, parent_id: int, name: bytes, mode: int, caller: Caller) -> Inode:
@@ -163,10 +173,24 @@ class Namespace:
         """A new regular file with an empty cache file; dirty from the start."""
         parent = self._dir(parent_id)
         self._check_new(parent, name)
-        if stat.S_IFMT(mode) not in (0, stat.S_IFREG):
-            raise fs_error(errno.EPERM)  # devices, FIFOs and sockets cannot be drained
         mode = stat.S_IFREG | (mode & ~caller.umask & 0o7777)
         return self._link_new(parent, self._new_row(parent, name, mode, caller), cache_file=True)
+
+    def mknod(self, parent_id: int, name: bytes, mode: int, rdev: int, caller: Caller) -> Inode:
+        """A regular file, FIFO, socket or device. A special file is a name and attributes
+        only: the kernel serves a FIFO or a device itself, and the store keeps an empty object
+        that says what it is. (Making a device needs CAP_MKNOD, which the kernel checks.)"""
+        kind = stat.S_IFMT(mode)
+        if kind in (0, stat.S_IFREG):
+            return self.create_file(parent_id, name, mode, caller)
+        if kind not in (stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
+            raise fs_error(errno.EINVAL)
+        parent = self._dir(parent_id)
+        self._check_new(parent, name)
+        row = self._new_row(parent, name, kind | (mode & ~caller.umask & 0o7777), caller)
+        if kind in (stat.S_IFCHR, stat.S_IFBLK):
+            row.rdev = rdev
+        return self._link_new(parent, row)
 
     # -- removing names --------------------------------------------------------------------------
 
@@ -195,8 +219,7 @@ class Namespace:
     def _remove(self, parent: Inode, ino: Inode) -> None:
         now = time.time_ns()
         with self.journal.transaction():
-            if ino.is_reg:
-                self.keys.unlinked(ino)
+            self.keys.unlinked(ino)
             freed = self.table.unlink(ino)
             self.journal.touch_dir(parent.id, now)
         parent.mtime_ns = parent.ctime_ns = now
@@ -250,8 +273,7 @@ class Namespace:
                 dst.parent, dst.name, dst.ctime_ns = old_parent.id, old_name, now
                 self._moved(dst)
             elif dst is not None:
-                if dst.is_reg:
-                    self.keys.unlinked(dst)
+                self.keys.unlinked(dst)
                 freed = self.table.unlink(dst)
                 self.journal.set_name(src.id, new_parent.id, new_name)
             else:
@@ -268,11 +290,12 @@ class Namespace:
             self.table.cache.remove(dst.id)
 
     def _moved(self, ino: Inode) -> None:
-        """Its name is already changed in the journal: move what the store holds."""
+        """Its name is already changed in the journal: move what the store holds (for a
+        directory, its marker and everything below it)."""
+        key = self.keys.key_of(ino.id)
         if ino.is_dir:
-            self.keys.moved_tree(ino.id, self.keys.key_of(ino.id))
-        elif ino.is_reg:
-            self.keys.moved(ino.id, self.keys.key_of(ino.id))
+            self.keys.moved_tree(ino.id, key)
+        self.keys.moved(ino.id, key)
 
     def _check_moved_key(self, ino: Inode, new_parent: Inode, new_name: bytes) -> None:
         subtree = self.journal.longest_suffix(ino.id) if ino.is_dir else 0
@@ -283,6 +306,7 @@ class Namespace:
     async def setattr(self, inode: int, change: AttrChange) -> Inode:
         ino = self.table.get(inode)
         now = time.time_ns()
+        before = (ino.mode, ino.uid, ino.gid, ino.mtime_ns)
         if change.size is not None and change.size != ino.size:
             if not ino.is_reg:
                 raise fs_error(errno.EINVAL)
@@ -309,10 +333,33 @@ class Namespace:
         if change.mtime_ns is not None:
             ino.mtime_ns = change.mtime_ns
         ino.ctime_ns = change.ctime_ns if change.ctime_ns is not None else now
-        self.table.persist(ino)
+        changed = (ino.mode, ino.uid, ino.gid, ino.mtime_ns) != before
+        with self.journal.transaction():
+            self.table.persist(ino)
+            again = changed and self._attrs_changed(ino)
+        if again:
+            await self._send_again(ino)
         if change.size is not None and ino.writers == 0:
             self.states.quiet(ino)  # truncated without an open handle
         return ino
+
+    def _attrs_changed(self, ino: Inode) -> bool:
+        """Metadata that the store keeps changed (called in the change's transaction): see
+        that the store gets it. A dirty entry takes it with its upload; one the store holds
+        gets it by an in-place copy, journaled here. Returns True where the entry must go
+        again instead (:meth:`_send_again`): it is being uploaded (its metadata was fixed
+        when the upload began), or it is a directory from the store without a marker."""
+        if ino.parent is None or ino.state is State.DIRTY:
+            return False  # the root (not in the store), an orphan, or not sent yet
+        if ino.state is State.UPLOADING or not ino.stored_key:
+            return True
+        self.keys.metadata_changed(ino)
+        return False
+
+    async def _send_again(self, ino: Inode) -> None:
+        await self.states.mark_dirty(ino)
+        if ino.writers == 0:
+            self.states.quiet(ino)
 
     def readlink(self, inode: int) -> bytes:
         ino = self.table.get(inode)
@@ -321,12 +368,13 @@ class Namespace:
         return ino.target
 
     # -- extended attributes -------------------------------------------------------------------
-    # Stored in the journal, local to this cache. "system.*" (POSIX ACLs) is refused: the
-    # kernel would not enforce ACLs here (no enable_acl), so accepting them would mislead.
+    # Stored in the journal and drained in the object's metadata (fsops.objectmeta). Only the
+    # "user." namespace: "system.*" (POSIX ACLs) would not be enforced here (no enable_acl),
+    # and "trusted.*"/"security.*" mean something to this node's kernel only.
 
     @staticmethod
     def _check_xattr_name(name: bytes) -> None:
-        if name.startswith(b"system."):
+        if not name.startswith(b"user."):
             raise fs_error(errno.ENOTSUP)
 
     def getxattr(self, inode: int, name: bytes) -> bytes:
@@ -335,17 +383,39 @@ class Namespace:
             raise fs_error(pyfuse3.ENOATTR)
         return value
 
-    def setxattr(self, inode: int, name: bytes, value: bytes) -> None:
+    async def setxattr(self, inode: int, name: bytes, value: bytes) -> None:
         self._check_xattr_name(name)
         ino = self.table.get(inode)
+        pairs = dict(self.journal.xattrs(ino.id))
+        if pairs.get(name) == value:
+            return
+        pairs[name] = value
+        if not xattrs_fit(pairs.items()):
+            log.warning(
+                "setxattr %s on inode %d refused: the extended attributes of one entry must "
+                "fit in the object's metadata (about 1 KiB in all)",
+                name.decode(errors="replace"),
+                ino.id,
+            )
+            raise fs_error(errno.ENOSPC)
         ino.ctime_ns = time.time_ns()
         with self.journal.transaction():
             self.journal.set_xattr(ino.id, name, value)
             self.journal.update_attrs(ino)
+            again = self._attrs_changed(ino)
+        if again:
+            await self._send_again(ino)
 
     def listxattr(self, inode: int) -> list[bytes]:
         return list(self.journal.list_xattrs(self.table.get(inode).id))
 
-    def removexattr(self, inode: int, name: bytes) -> None:
-        if not self.journal.remove_xattr(self.table.get(inode).id, name):
-            raise fs_error(pyfuse3.ENOATTR)
+    async def removexattr(self, inode: int, name: bytes) -> None:
+        ino = self.table.get(inode)
+        with self.journal.transaction():
+            if not self.journal.remove_xattr(ino.id, name):
+                raise fs_error(pyfuse3.ENOATTR)
+            ino.ctime_ns = time.time_ns()
+            self.journal.update_attrs(ino)
+            again = self._attrs_changed(ino)
+        if again:
+            await self._send_again(ino)

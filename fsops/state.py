@@ -1,11 +1,15 @@
-"""The per-file state machine: every change of a regular file's state, in one place.
+"""The per-entry state machine: every change of an entry's drain state, in one place.
 
-A regular file's journal row has *state columns*: ``state`` and ``generation``, and where the
-store holds its content (``stored_key``, ``stored_etag``, ``checksum``). They change in this
-module and nowhere else (:meth:`Journal.set_state` is called from here only, and
-:meth:`Journal.update_attrs` cannot write them; a test checks both). Every method checks the
-state it starts from against :data:`TRANSITIONS`. A change from any other state is a bug: it is
-logged as an error and refused with :class:`StateError`, never carried out silently.
+Every entry below the root has a state, whatever its kind: a regular file's object holds its
+content, a directory's marker object, a symlink's or special file's object what it is (see
+:mod:`fsops.objectmeta`). Only regular files have content in the cache, so only they are
+evicted or fetched. An entry's journal row has *state columns*: ``state`` and
+``generation``, and where the store holds its content (``stored_key``, ``stored_etag``,
+``checksum``). They change in this module and nowhere else (:meth:`Journal.set_state` is
+called from here only, and :meth:`Journal.update_attrs` cannot write them; a test checks
+both). Every method checks the state it starts from against :data:`TRANSITIONS`. A change
+from any other state is a bug: it is logged as an error and refused with
+:class:`StateError`, never carried out silently.
 
 Every method takes the journal row or the in-memory inode and always changes the in-memory
 inode when there is one (so the two never disagree), and commits its change; called inside
@@ -45,11 +49,13 @@ class Transition:
 DIRTY, UPLOADING, CLEAN, REMOTE = State.DIRTY, State.UPLOADING, State.CLEAN, State.REMOTE
 
 TRANSITIONS: tuple[Transition, ...] = (
-    Transition("insert_local", None, DIRTY, "create, mknod"),
+    Transition("insert_local", None, DIRTY, "create, mknod, mkdir, symlink"),
     Transition("insert_listed", None, REMOTE, "a listing shows an object this node lacks"),
     Transition("mark_dirty", CLEAN, DIRTY, "write, truncate, open with O_TRUNC"),
-    Transition("mark_dirty", REMOTE, DIRTY, "open with O_TRUNC: nothing to fetch"),
-    Transition("mark_dirty", UPLOADING, DIRTY, "write or truncate during the upload"),
+    Transition(
+        "mark_dirty", REMOTE, DIRTY, "open with O_TRUNC; chmod etc. of a directory with no marker"
+    ),
+    Transition("mark_dirty", UPLOADING, DIRTY, "write, truncate or chmod etc. during the upload"),
     Transition("begin_upload", DIRTY, UPLOADING, "the drain takes it: no writer, settled"),
     Transition("finish_upload", UPLOADING, CLEAN, "object complete, same generation and size"),
     Transition("abandon_upload", UPLOADING, DIRTY, "upload failed, cancelled, or restart"),
@@ -107,13 +113,16 @@ class FileStates:
         """A new file made here: dirty, generation 1, stored nowhere. Returns its number."""
         row.state, row.generation = DIRTY, 1
         row.stored_key = row.stored_etag = row.checksum = None
-        return self.journal.insert(row)
+        row.id = self.journal.insert(row)
+        return row.id
 
-    def insert_listed(self, row: InodeRow, key: str, etag: str) -> int:
-        """A file only the store has (another node drained it). Returns its number."""
+    def insert_listed(self, row: InodeRow, key: str | None, etag: str | None) -> int:
+        """An entry only the store has (another node drained it). Returns its number. A
+        directory may have no marker object (``key`` None): only objects below it."""
         row.state, row.generation = REMOTE, 1
         row.stored_key, row.stored_etag, row.checksum = key, etag, None
-        return self.journal.insert(row)
+        row.id = self.journal.insert(row)
+        return row.id
 
     # -- content -----------------------------------------------------------------------------
 
@@ -154,7 +163,7 @@ class FileStates:
         return ino.generation
 
     def finish_upload(
-        self, ino: Inode, generation: int, size: int, key: str, etag: str, checksum: str
+        self, ino: Inode, generation: int, size: int, key: str, etag: str, checksum: str | None
     ) -> bool:
         """The object for ``generation`` is complete at ``key``. The file becomes clean if it
         is still ``uploading`` that generation and size; returns whether it did. A file
@@ -254,12 +263,16 @@ class FileStates:
         row.stored_etag = etag
         self._write(row)
 
-    def remote_checked(self, ino: Inode, checksum: str | None) -> None:
-        """The object's metadata, read before a fetch, gives the remote file's checksum."""
-        if ino.state is not REMOTE:
-            raise self._refuse("remote_checked", ino)
-        ino.checksum = checksum
-        self._write(ino)
+    def remote_checked(
+        self, row: InodeRow, checksum: str | None, key: str | None, etag: str | None
+    ) -> None:
+        """The object of a remote entry was read: its checksum (a file), or whether there is a
+        marker (a directory: ``key`` None if not)."""
+        row = self._current(row)
+        if row.state is not REMOTE:
+            raise self._refuse("remote_checked", row)
+        row.checksum, row.stored_key, row.stored_etag = checksum, key, etag
+        self._write(row)
 
     def _refuse(self, method: str, row: InodeRow) -> StateError:
         msg = f"bug: {method} of inode {row.id} in state {row.state.value} refused"

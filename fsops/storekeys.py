@@ -10,11 +10,16 @@ implies commits with the change itself and is resumed after a crash:
   the upload and deletes what it may have sent (its key), in order before any later change
   of that key;
 * clean (or remote), stored at S: renamed to K, move S -> K (server-side copy, then delete
-  S); unlinked, delete S.
+  S); unlinked, delete S; its stored metadata changed (chmod, chown, utimes, xattrs), copy S
+  onto itself with the new metadata ('meta').
+
+This holds for every kind of entry. A directory's object is its marker, whose key ends in "/"
+(:meth:`StoreKeys.entry_key`); renaming a directory moves its marker and every object below.
 """
 
 from __future__ import annotations
 
+import stat
 import time
 
 import trio
@@ -69,7 +74,10 @@ class StoreKeys:
         """A store operation is carried out: forget it, and wake whoever waits for its keys."""
         with self.journal.transaction():
             self.journal.done_store_op(op.id)
-        self.note_removed(op.src)
+        if op.kind == "meta":
+            self.note_stored(op.src)
+        else:
+            self.note_removed(op.src)
         if op.dst is not None:
             self.note_stored(op.dst)
         self._op_done.set()
@@ -85,7 +93,13 @@ class StoreKeys:
         return self.prefix + "/".join(c.decode() for c in components)
 
     def key_of(self, inode: int) -> str:
+        """The key of the entry's path (a directory's: the prefix of what is below it,
+        without the final "/")."""
         return self.key(self.journal.path_components(inode))
+
+    def entry_key(self, row: InodeRow) -> str:
+        """The key of the entry's own object: its path, and a directory's marker ends in "/"."""
+        return object_key(self.key_of(row.id), row.mode)
 
     def _row(self, inode: int) -> InodeRow | None:
         mem = self.table.peek(inode)
@@ -98,9 +112,13 @@ class StoreKeys:
             self.journal.add_store_op("delete", key)
             self.events.store_ops_added()
 
-    def moved(self, inode: int, new_key: str) -> None:
+    def moved(self, inode: int, new_path: str) -> None:
+        """The entry's path is ``new_path`` (a key) now."""
         row = self._row(inode)
-        if row is None or not row.stored_key or row.stored_key == new_key:
+        if row is None:
+            return
+        new_key = object_key(new_path, row.mode)
+        if not row.stored_key or row.stored_key == new_key:
             return
         if row.state is State.UPLOADING:
             record = self.journal.get_upload(inode)
@@ -115,8 +133,16 @@ class StoreKeys:
             self.states.stored_dropped(row)
 
     def moved_tree(self, directory: int, new_dir_key: str) -> None:
+        """Everything below a directory whose path is ``new_dir_key`` now."""
         for inode, rel in self.journal.subtree(directory):
             self.moved(inode, f"{new_dir_key}/{rel}")
+
+    def metadata_changed(self, row: InodeRow) -> None:
+        """What the store holds of a clean or remote entry is current but its metadata is
+        not: journal an in-place copy with the metadata it has when the copy runs."""
+        if row.stored_key:
+            self.journal.add_store_op("meta", row.stored_key, None, row.stored_etag)
+            self.events.store_ops_added()
 
     def unlinked(self, ino: Inode) -> None:
         """Call before the name goes (the row may go with it). Cancels an upload of it in any
@@ -144,13 +170,17 @@ class StoreKeys:
         was doomed by :meth:`unlinked` already."""
         if ino.parent is None:
             return
-        if key == self.key_of(ino.id):
+        if key == self.entry_key(ino):
             if ino.stored_key is None:
                 self.states.stored_stale(ino, key, etag)
             return
         self._delete(key, ino.id)
         if ino.stored_key == key:
             self.states.stored_dropped(ino)
+
+
+def object_key(path_key: str, mode: int) -> str:
+    return path_key + "/" if stat.S_ISDIR(mode) else path_key
 
 
 def _trimmed(recent: dict[str, float]) -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sqlite3
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -236,12 +237,89 @@ def test_symlink_readlink_and_hard_link_refused(fs: Filesystem) -> None:
 
 def test_xattrs(fs: Filesystem) -> None:
     ino = write_file(fs, ROOT_INODE, b"f", b"")
-    fs.namespace.setxattr(ino, b"user.step", b"100")
+    trio.run(fs.namespace.setxattr, ino, b"user.step", b"100")
     assert fs.namespace.getxattr(ino, b"user.step") == b"100"
     assert fs.namespace.listxattr(ino) == [b"user.step"]
-    fs.namespace.removexattr(ino, b"user.step")
+    trio.run(fs.namespace.removexattr, ino, b"user.step")
     assert errno_of(fs.namespace.getxattr, ino, b"user.step") == pyfuse3.ENOATTR
-    assert errno_of(fs.namespace.setxattr, ino, b"system.posix_acl_access", b"") == errno.ENOTSUP
+    assert errno_of(trio.run, fs.namespace.removexattr, ino, b"user.step") == pyfuse3.ENOATTR
+    # Only "user.": the others would mean something to this node's kernel only.
+    for name in (b"system.posix_acl_access", b"trusted.x", b"security.x"):
+        assert errno_of(trio.run, fs.namespace.setxattr, ino, name, b"") == errno.ENOTSUP
+    # They travel in the object's metadata, so they must fit there: refused, never kept
+    # on this node only.
+    trio.run(fs.namespace.setxattr, ino, b"user.a", b"x" * 1000)
+    assert errno_of(trio.run, fs.namespace.setxattr, ino, b"user.b", b"y" * 200) == errno.ENOSPC
+    assert fs.namespace.listxattr(ino) == [b"user.a"]
+
+
+def test_special_files_are_names_with_attributes(fs: Filesystem) -> None:
+    kinds = {
+        b"fifo": (stat.S_IFIFO, 0),
+        b"sock": (stat.S_IFSOCK, 0),
+        b"chr": (stat.S_IFCHR, os.makedev(1, 3)),
+        b"blk": (stat.S_IFBLK, os.makedev(7, 0)),
+    }
+    for name, (kind, rdev) in kinds.items():
+        ino = fs.namespace.mknod(ROOT_INODE, name, kind | 0o640, rdev, ME)
+        row = fs.journal.get(ino.id)
+        assert row is not None
+        assert stat.S_IFMT(row.mode) == kind and row.mode & 0o7777 == 0o640 & ~ME.umask
+        assert row.rdev == rdev and row.size == 0
+        assert row.state is State.DIRTY  # the store gets an object that says what it is
+        assert ino.id not in fs.table.cache.known_inodes()  # no content, no cache file
+    assert errno_of(fs.namespace.mknod, ROOT_INODE, b"fifo", stat.S_IFIFO | 0o600, 0, ME) == (
+        errno.EEXIST
+    )
+    fs.namespace.unlink(ROOT_INODE, b"fifo")
+    assert fs.table.lookup(ROOT_INODE, b"fifo") is None
+    # A regular file made by mknod is a file like any other.
+    f = fs.namespace.mknod(ROOT_INODE, b"plain", stat.S_IFREG | 0o600, 0, ME)
+    assert stat.S_ISREG(f.mode) and f.state is State.DIRTY
+
+
+def test_a_changed_attribute_of_a_stored_entry_is_journaled_for_the_store(
+    fs: Filesystem,
+) -> None:
+    d = fs.namespace.mkdir(ROOT_INODE, b"d", 0o755, ME)
+    assert fs.table.get(d.id).state == State.DIRTY  # its marker is not in the store yet
+    # As the drain leaves it once the marker is stored:
+    gen = fs.states.begin_upload(d)
+    fs.states.finish_upload(d, gen, 0, "d/", "etag-1", None)
+    trio.run(fs.namespace.setattr, d.id, AttrChange(mode=0o700))
+    ops = fs.journal.store_ops()
+    assert [(o.kind, o.src, o.etag) for o in ops] == [("meta", "d/", "etag-1")]
+    assert fs.table.get(d.id).state == State.CLEAN  # the content (none) does not go again
+    # An attribute that does not change journals nothing; atime is not kept in the store.
+    trio.run(fs.namespace.setattr, d.id, AttrChange(mode=0o700, atime_ns=1))
+    assert len(fs.journal.store_ops()) == 1
+
+
+def test_a_version_1_journal_is_migrated_and_its_directories_and_symlinks_drained(
+    tmp_path: Path,
+) -> None:
+    f = open_fs(tmp_path)
+    d = f.namespace.mkdir(ROOT_INODE, b"step_1", 0o755, ME)
+    link = f.namespace.symlink(ROOT_INODE, b"last", b"step_1", ME)
+    f.close()
+    # As version 1 left it: no device numbers, and only regular files were ever drained.
+    db = sqlite3.connect(tmp_path / "journal.db")
+    db.execute("ALTER TABLE inodes DROP COLUMN rdev")
+    db.execute("UPDATE inodes SET state = 'clean' WHERE id IN (?, ?)", (d.id, link.id))
+    db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    f = open_fs(tmp_path)
+    try:
+        assert f.journal.get_meta("schema_version") == "2"
+        for ino in (d.id, link.id):
+            row = f.journal.get(ino)
+            assert row is not None and row.state is State.DIRTY and row.rdev == 0
+        assert set(f.journal.dirty_files()) == {d.id, link.id}
+        root = f.journal.get(ROOT_INODE)
+        assert root is not None and root.state is State.CLEAN  # the root is never drained
+    finally:
+        f.close()
 
 
 def test_readdir_pages_are_stable_while_the_directory_changes(fs: Filesystem) -> None:
