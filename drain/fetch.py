@@ -1,7 +1,8 @@
 """Read-through: the content of remote files, fetched into the cache with parallel ranged GETs.
 
 Opening a remote file checks that the object still exists (a HEAD, which also brings its
-checksum, mode and mtime; ENOENT if it is gone) and starts fetching it: ``parallel`` ranged
+checksum and attributes, unless its lookup just did: :mod:`drain.entries`; ENOENT if it is
+gone) and starts fetching it: ``parallel`` ranged
 GETs of ``chunk`` bytes, pinned to the object's ETag (a rewrite during the fetch is ESTALE,
 never a mix of versions), written into a sparse cache file of the full size. Chunks go in
 file order from where the reader is (sequential read-ahead), chunks a reader waits for first.
@@ -27,13 +28,12 @@ from dataclasses import dataclass
 import trio
 import xxhash
 
-from drain.store import NotFound, ObjectInfo, Stale, Store, StoreError
-from drain.upload import META_CHECKSUM
+from drain.entries import Entries
+from drain.store import NotFound, Stale, Store, StoreError
 from fsops.inodes import Inode, InodeTable, fs_error
 from fsops.journal import State
 from fsops.space import CacheSpace
 from fsops.state import FileStates
-from fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class Fetcher:
         table: InodeTable,
         states: FileStates,
         space: CacheSpace,
-        keys: StoreKeys,
+        entries: Entries,
         store: Store,
         config: FetchConfig,
     ) -> None:
@@ -124,7 +124,7 @@ class Fetcher:
         self.journal = table.journal
         self.cache = table.cache
         self.space = space
-        self.keys = keys
+        self.entries = entries
         self.store = store
         self.config = config
         self.stats = FetchStats()
@@ -144,7 +144,7 @@ class Fetcher:
         writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         if ino.id not in self._active or self._active[ino.id].error is not None:
             self._active.pop(ino.id, None)
-            await self._check(ino)
+            await self.entries.describe(ino, strict=True)
         if writable and flags & os.O_TRUNC and ino.id not in self._active:
             self.cache.create(ino.id)
             ino.size = 0
@@ -176,41 +176,6 @@ class Fetcher:
                 raise fs_error(f.error)
 
     # -- one fetch -------------------------------------------------------------------------------
-
-    async def _check(self, ino: Inode) -> None:
-        """HEAD the object: gone -> ENOENT; rewritten since the listing -> ESTALE; take its
-        checksum, mode and mtime."""
-        key = ino.stored_key
-        if key is None:
-            raise fs_error(errno.EIO)
-        await self.keys.settled(key, 30)  # our own move of it may still be under way
-        try:
-            info = await self.store.head(key)
-        except StoreError as e:
-            log.warning("cannot open %s: %s", key, e)
-            raise fs_error(errno.EIO) from None
-        if info is None:
-            log.info("%s is no longer in the store", key)
-            raise fs_error(errno.ENOENT)
-        self._apply(ino, info)
-
-    def _apply(self, ino: Inode, info: ObjectInfo) -> None:
-        if ino.state is not State.REMOTE:
-            return  # changed while the HEAD ran (O_TRUNC, fetched by another open)
-        if info.etag != ino.stored_etag:
-            # Rewritten since the listing: the next listing gives the name a new inode.
-            log.info("%s changed in the store since it was listed", info.key)
-            raise fs_error(errno.ESTALE)
-        self.states.remote_checked(ino, info.metadata.get(META_CHECKSUM))
-        mode, mtime = info.metadata.get("mode"), info.metadata.get("mtime-ns")
-        try:
-            if mode is not None:
-                ino.mode = (ino.mode & ~0o7777) | (int(mode, 8) & 0o7777)
-            if mtime is not None:
-                ino.mtime_ns = int(mtime)
-        except ValueError:
-            log.debug("ignoring bad metadata of %s: %r", info.key, info.metadata)
-        self.table.persist(ino)
 
     async def _start(self, ino: Inode) -> _Fetch | None:
         f = self._active.get(ino.id)

@@ -5,17 +5,20 @@ When the kernel looks up a name or opens a directory, the directory is listed in
 burst of creates in a directory costs one LIST, not one HEAD per name. The merge, in one
 journal transaction:
 
-* a file the journal does not have becomes a ``remote`` row (size and times from the listing;
-  checksum, mode and mtime come from the object's metadata when it is opened), a prefix
-  becomes a ``remote`` directory;
-* local entries win: a dirty or uploading file, and anything that is not a regular file, is
-  left as it is;
-* a clean or remote file whose object has another ETag was rewritten by someone else (last
+* an object the journal does not have becomes a ``remote`` row, a prefix a ``remote``
+  directory. Size and times come from the listing; the rest from the object's metadata
+  (:mod:`drain.entries`), read here in parallel for up to ``describe`` new entries (so a
+  restore does not wait for one HEAD per file as the loader opens them), small objects first:
+  they may be symlinks or special files, and one whose metadata cannot be read now is left
+  for the next listing. Any other entry is described at its first lookup;
+* local entries win: a dirty or uploading entry is left as it is, and so is a name that is a
+  directory here and an object there, or the other way round;
+* a clean or remote entry whose object has another ETag was rewritten by someone else (last
   writer wins): unless it is open here, it is replaced by a new remote inode (the kernel
   keeps size and mtime of an inode it knows, so the same inode could not show the new size);
-* a remote or clean file whose object is gone was deleted by someone else: the name goes, unless
-  the file is open, or the object is ours and newer than the listing, or a store operation of
-  ours is moving it;
+* a remote or clean entry whose object is gone was deleted by someone else: the name goes,
+  unless the entry is open, or the object is ours and newer than the listing, or a store
+  operation of ours is moving it (a directory goes only when nothing is left in it here);
 * an object or prefix this gateway is deleting or moving away (a pending store operation), or
   deleted after the listing started (a tombstone in :class:`fsops.storekeys.StoreKeys`), is
   not brought back: the listing is older than the delete.
@@ -32,12 +35,24 @@ from dataclasses import dataclass
 
 import trio
 
+from drain.entries import Entries, apply_attrs, read_meta
 from drain.store import Listing, ObjectInfo, Store, StoreError
 from fsops.inodes import Inode, InodeTable
 from fsops.journal import ROOT_INODE, InodeRow, State
 from fsops.names import RESERVED
+from fsops.objectmeta import SMALL_OBJECT, EntryMeta
 from fsops.state import FileStates
 from fsops.storekeys import StoreKeys
+
+
+@dataclass(frozen=True)
+class _Described:
+    """A small object's metadata (and a symlink's target), read before the merge."""
+
+    info: ObjectInfo
+    meta: EntryMeta
+    target: bytes | None = None
+
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +60,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ListingConfig:
     ttl: float = 5.0
+    heads: int = 16  # metadata reads (HEADs) in flight during one listing
+    describe: int = 1000  # entries new to this node described by one listing; others: lazily
 
 
 class Listings:
@@ -56,6 +73,7 @@ class Listings:
         table: InodeTable,
         states: FileStates,
         keys: StoreKeys,
+        entries: Entries,
         store: Store,
         config: ListingConfig,
     ) -> None:
@@ -63,6 +81,7 @@ class Listings:
         self.journal = table.journal
         self.states = states
         self.keys = keys
+        self.entries = entries
         self.store = store
         self.config = config
         self._listed: dict[int, float] = {}  # directory inode -> when its last listing started
@@ -87,8 +106,10 @@ class Listings:
                 prefix += "/"
             listing = await self._list(prefix)
             self._listed[d.id] = started
-            if listing is not None and (d.parent is not None or d.id == ROOT_INODE):
-                self._merge(d, prefix, listing, started)
+            if listing is not None:
+                described = await self._describe_new(d, prefix, listing)
+                if d.parent is not None or d.id == ROOT_INODE:
+                    self._merge(d, prefix, listing, started, described)
         finally:
             del self._inflight[d.id]
             done.set()
@@ -106,9 +127,62 @@ class Listings:
             self._failing = False
         return listing
 
+    async def _describe_new(
+        self, d: Inode, prefix: str, listing: Listing
+    ) -> dict[str, _Described | None]:
+        """Read the metadata of entries new to this node, up to ``describe`` of them, in
+        parallel: small objects first (they may be symlinks or special files: a symlink's
+        target is read too), then other objects and directories' markers (a directory's key:
+        None if it has no marker). A read that fails leaves the entry out of the answer."""
+        small: list[str] = []
+        other: list[str] = []
+        for o in listing.objects:
+            if o.key == prefix:
+                continue
+            found = self.journal.lookup(d.id, o.key[len(prefix) :].encode())
+            if found is None or found.stored_etag != o.etag:
+                (small if o.size <= SMALL_OBJECT else other).append(o.key)
+        for p in listing.dirs:
+            if self.journal.lookup(d.id, p[len(prefix) : -1].encode()) is None:
+                other.append(p)
+        etags = {o.key: o.etag for o in listing.objects}
+        todo = small + other[: max(0, self.config.describe - len(small))]
+        out: dict[str, _Described | None] = {}
+        limiter = trio.CapacityLimiter(self.config.heads)
+
+        async def one(key: str) -> None:
+            async with limiter:
+                try:
+                    info = await self.store.head(key)
+                    if key.endswith("/"):
+                        out[key] = None if info is None else _Described(info, read_meta(info))
+                        return
+                    if info is None or info.etag != etags[key]:
+                        return  # changed since the listing: the next one sees it
+                    meta = read_meta(info)
+                    target = None
+                    if meta.kind == stat.S_IFLNK:
+                        target = await self.store.get(key, etag=info.etag)
+                except StoreError as e:
+                    log.info("cannot read the metadata of %s now (%s)", key, e)
+                    return
+                out[key] = _Described(info, meta, target)
+
+        async with trio.open_nursery() as nursery:
+            for key in todo:
+                nursery.start_soon(one, key)
+        return out
+
     # -- the merge -------------------------------------------------------------------------------
 
-    def _merge(self, d: Inode, prefix: str, listing: Listing, started: float) -> None:
+    def _merge(
+        self,
+        d: Inode,
+        prefix: str,
+        listing: Listing,
+        started: float,
+        described: dict[str, _Described | None],
+    ) -> None:
         pending = self.journal.pending_keys()
         seen: set[bytes] = set()
         freed: list[int] = []
@@ -118,12 +192,12 @@ class Listings:
                 name = self._name(o.key[len(prefix) :])
                 if name is not None and not (root and name.startswith(RESERVED)):
                     seen.add(name)
-                    freed += self._file(d, name, o, pending, started)
+                    freed += self._file(d, name, o, pending, started, described.get(o.key))
             for p in listing.dirs:
                 name = self._name(p[len(prefix) : -1])
                 if name is not None and not (root and name.startswith(RESERVED)):
                     seen.add(name)
-                    self._dir(d, name, p, pending, started)
+                    self._dir(d, name, p, pending, started, described)
             after = 0
             while batch := self.journal.children(d.id, after, 1024):
                 for row in batch:
@@ -172,19 +246,42 @@ class Listings:
             generation=1,
         )
 
-    def _file(
-        self, d: Inode, name: bytes, o: ObjectInfo, pending: set[str], started: float
-    ) -> list[int]:
+    def _insert_listed(
+        self, d: Inode, name: bytes, o: ObjectInfo, described: _Described | None
+    ) -> None:
+        """A new remote row for an object (described, if it is small)."""
         mtime_ns = int(o.mtime * 1e9)
+        meta = described.meta if described is not None else EntryMeta()
+        default = 0o644 if meta.kind == stat.S_IFREG else 0o777 if meta.kind == stat.S_IFLNK else 0
+        row = self._new_row(d, name, meta.kind | default, o.size, mtime_ns)
+        if described is not None and described.target is not None:
+            row.target, row.size = described.target, len(described.target)
+        elif meta.kind != stat.S_IFREG:
+            row.size = 0
+        apply_attrs(row, meta)
+        self.states.insert_listed(row, o.key, o.etag)
+        if described is not None:
+            self.entries.described(row, described.info, meta)
+
+    def _file(
+        self,
+        d: Inode,
+        name: bytes,
+        o: ObjectInfo,
+        pending: set[str],
+        started: float,
+        described: _Described | None,
+    ) -> list[int]:
+        if o.size <= SMALL_OBJECT and described is None:
+            return []  # what it is is not known yet (its metadata could not be read)
         found = self.journal.lookup(d.id, name)
         if found is None:
             if not self._gone(o.key, pending, started):
-                row = self._new_row(d, name, stat.S_IFREG | 0o644, o.size, mtime_ns)
-                self.states.insert_listed(row, o.key, o.etag)
+                self._insert_listed(d, name, o, described)
             return []
         row = self.table.current(found)
-        if not stat.S_ISREG(row.mode) or row.state not in (State.CLEAN, State.REMOTE):
-            return []  # local wins: a directory, a symlink, or data not yet in the store
+        if stat.S_ISDIR(row.mode) or row.state not in (State.CLEAN, State.REMOTE):
+            return []  # local wins: a directory here, or not yet in the store
         if row.stored_key == o.key and row.stored_etag == o.etag:
             return []
         if o.key in pending or row.stored_key in pending or self._in_use(row):
@@ -194,24 +291,38 @@ class Listings:
         # inode it knows; an old inode still looked up lives on as an orphan until forgotten.
         log.info("%s changed in the store; the cached copy is dropped", o.key)
         freed = self.table.unlink(self.table.adopt(row))
-        self.states.insert_listed(self._new_row(d, name, row.mode, o.size, mtime_ns), o.key, o.etag)
-        return [row.id] if freed and row.state is State.CLEAN else []
+        self._insert_listed(d, name, o, described)
+        return [row.id] if freed and row.is_reg and row.state is State.CLEAN else []
 
-    def _dir(self, d: Inode, name: bytes, key: str, pending: set[str], started: float) -> None:
-        if self.journal.lookup(d.id, name) is None and not self._gone(key, pending, started):
-            now = time.time_ns()
-            self.journal.insert(self._new_row(d, name, stat.S_IFDIR | 0o755, 0, now))
+    def _dir(
+        self,
+        d: Inode,
+        name: bytes,
+        key: str,
+        pending: set[str],
+        started: float,
+        described: dict[str, _Described | None],
+    ) -> None:
+        if self.journal.lookup(d.id, name) is not None or self._gone(key, pending, started):
+            return
+        row = self._new_row(d, name, stat.S_IFDIR | 0o755, 0, time.time_ns())
+        self.states.insert_listed(row, None, None)
+        if key in described:  # else its marker, if any, is read at its lookup
+            marker = described[key]
+            meta = marker.meta if marker is not None else EntryMeta()
+            apply_attrs(row, meta)
+            self.entries.described(row, marker.info if marker is not None else None, meta)
 
     def _vanished(self, found: InodeRow, pending: set[str], started: float) -> list[int]:
         row = self.table.current(found)
-        if self._in_use(row):
+        if self._in_use(row) or row.state not in (State.CLEAN, State.REMOTE):
             return []
         if stat.S_ISDIR(row.mode):
-            if row.state is State.REMOTE and not self.journal.has_children(row.id):
+            if self.journal.has_children(row.id):
+                return []
+            if row.state is State.REMOTE and not row.stored_key:
                 self.table.unlink(self.table.adopt(row))
-            return []
-        if not stat.S_ISREG(row.mode) or row.state not in (State.CLEAN, State.REMOTE):
-            return []
+                return []
         key = row.stored_key
         if key is None or key in pending:
             return []
@@ -219,4 +330,4 @@ class Listings:
             return []  # ours, and newer than the listing
         log.info("%s was deleted from the store; the name goes here too", key)
         freed = self.table.unlink(self.table.adopt(row))
-        return [row.id] if freed and row.state is State.CLEAN else []
+        return [row.id] if freed and row.is_reg and row.state is State.CLEAN else []

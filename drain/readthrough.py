@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+from drain.entries import Entries
 from drain.fetch import Fetcher
 from drain.listing import Listings
 from fsops.inodes import Inode
+from fsops.journal import InodeRow
 
 
 class ReadThrough:
-    def __init__(self, listings: Listings, fetcher: Fetcher) -> None:
+    def __init__(self, listings: Listings, entries: Entries, fetcher: Fetcher) -> None:
         self.listings = listings
+        self.entries = entries
         self.fetcher = fetcher
 
     async def refresh(self, directory: Inode) -> None:
         await self.listings.refresh(directory)
+
+    async def describe(self, ino: Inode) -> None:
+        await self.entries.describe(ino, strict=False)
+
+    def known(self, row: InodeRow) -> bool:
+        return self.entries.known(row)
 
     async def prepare_open(self, ino: Inode, flags: int) -> None:
         await self.fetcher.prepare_open(ino, flags)

@@ -89,15 +89,18 @@ class Operations(pyfuse3.Operations):
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino.id
         a.generation = 0
-        a.entry_timeout = a.attr_timeout = self.attr_timeout
+        # A remote entry not yet described (its mode, owner and mtime still to be read from
+        # the store) must not be kept by the kernel: its next use looks it up again.
+        timeout = self.attr_timeout if self.remote.known(ino) else 0.0
+        a.entry_timeout = a.attr_timeout = timeout
         a.st_mode = ino.mode
         a.st_nlink = self.ns.nlink(ino)
         a.st_uid = ino.uid
         a.st_gid = ino.gid
-        a.st_rdev = 0
+        a.st_rdev = ino.rdev
         a.st_size = ino.size
         a.st_blksize = self.blksize
-        a.st_blocks = (ino.size + 511) // 512
+        a.st_blocks = (ino.size + 511) // 512 if ino.is_reg else 0
         a.st_atime_ns = ino.atime_ns
         a.st_mtime_ns = ino.mtime_ns
         a.st_ctime_ns = ino.ctime_ns
@@ -110,6 +113,9 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         if name not in (b".", b".."):
             await self.remote.refresh(self.table.get(parent_inode))
+            found = self.table.lookup(parent_inode, name)
+            if found is not None and found.state is State.REMOTE:
+                await self.remote.describe(found)
         return self.attrs(self.ns.lookup(parent_inode, name))
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
@@ -147,7 +153,7 @@ class Operations(pyfuse3.Operations):
     async def mknod(
         self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
-        return self.attrs(self.ns.create_file(parent_inode, name, mode, ctx))
+        return self.attrs(self.ns.mknod(parent_inode, name, mode, rdev, ctx))
 
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
@@ -271,10 +277,10 @@ class Operations(pyfuse3.Operations):
     async def setxattr(
         self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext
     ) -> None:
-        self.ns.setxattr(inode, name, value)
+        await self.ns.setxattr(inode, name, value)
 
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> Sequence[bytes]:
         return self.ns.listxattr(inode)
 
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
-        self.ns.removexattr(inode, name)
+        await self.ns.removexattr(inode, name)

@@ -10,12 +10,19 @@ import errno
 from typing import Protocol
 
 from fsops.inodes import Inode, fs_error
-from fsops.journal import State
+from fsops.journal import InodeRow, State
 
 
 class Remote(Protocol):
     async def refresh(self, directory: Inode) -> None:
         """Merge the store's view of ``directory`` into the journal, unless recently done."""
+
+    async def describe(self, ino: Inode) -> None:
+        """Before the kernel sees a remote entry: read its attributes from the store unless
+        recently done (a failure leaves them as they are)."""
+
+    def known(self, row: InodeRow) -> bool:
+        """Whether the row's attributes are final (else the kernel must not keep them)."""
 
     async def prepare_open(self, ino: Inode, flags: int) -> None:
         """Before a remote file is opened: check it still exists (ENOENT if not), then start
@@ -31,6 +38,12 @@ class Remote(Protocol):
 class LocalOnly:
     async def refresh(self, directory: Inode) -> None:
         pass
+
+    async def describe(self, ino: Inode) -> None:
+        pass
+
+    def known(self, row: InodeRow) -> bool:
+        return True
 
     async def prepare_open(self, ino: Inode, flags: int) -> None:
         await self.ensure_whole(ino)

@@ -30,6 +30,7 @@ import trio
 
 from drain.checkpoints import Recognizer
 from drain.engine import DrainConfig, DrainEngine
+from drain.entries import Entries
 from drain.fetch import FetchConfig, Fetcher
 from drain.lifecycle import Lifecycle
 from drain.listing import ListingConfig, Listings
@@ -43,7 +44,7 @@ from fsops.filesystem import Filesystem, FsOptions
 from fsops.journal import JournalError
 from gateway import registry
 from gateway.cachedir import CacheDirLock, space_problem
-from gateway.client import files
+from gateway.client import entries
 from gateway.config import Config
 from gateway.control import ControlServer, RequestError, socket_path
 from gateway.errors import UserError
@@ -173,7 +174,9 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
             rec.stray_removed,
             rec.lost,
         )
-    log.info("journal holds %d dirty files (%d bytes)", rec.dirty_files, rec.dirty_bytes)
+    log.info(
+        "journal holds %d entries not in the store (%d bytes)", rec.dirty_files, rec.dirty_bytes
+    )
     problem = space_problem(
         cfg.cache_dir, cfg.reserve_bytes, cfg.cache_size, fs.journal.cached_bytes()
     )
@@ -260,24 +263,27 @@ async def _read_through(
     task_status: trio.TaskStatus[tuple[Fetcher, ReadThrough]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve files that are only in the store: listings merged into the namespace, fetches."""
+    listing_store = store.with_policy(LISTING)  # on the path of a lookup: few attempts
+    entries = Entries(fs.table, fs.states, fs.keys, listing_store, cfg.listing_ttl)
     listings = Listings(
         fs.table,
         fs.states,
         fs.keys,
-        store.with_policy(LISTING),
+        entries,
+        listing_store,
         ListingConfig(ttl=cfg.listing_ttl),
     )
     fetcher = Fetcher(
         fs.table,
         fs.states,
         fs.space,
-        fs.keys,
+        entries,
         store,
         FetchConfig(chunk=cfg.fetch_chunk, parallel=cfg.fetch_parallel),
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(fetcher.run)
-        task_status.started((fetcher, ReadThrough(listings, fetcher)))
+        task_status.started((fetcher, ReadThrough(listings, entries, fetcher)))
 
 
 def _paths(request: dict[str, Any]) -> list[str]:
@@ -370,10 +376,10 @@ def log_not_durable(reporter: Reporter, cache_dir: Path) -> None:
     for f in left["files"][:1000]:
         log.warning("not durable: %s (%d bytes, %s)", f["path"], f["size"], f["state"])
     if left["count"] > 1000:
-        log.warning("not durable: ... and %d more files", left["count"] - 1000)
+        log.warning("not durable: ... and %d more", left["count"] - 1000)
     log.warning(
         "%s (%d bytes) not in the store; they stay in %s and drain at the next mount",
-        files(left["count"]),
+        entries(left),
         left["bytes"],
         cache_dir,
     )

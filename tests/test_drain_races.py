@@ -20,6 +20,7 @@ import trio.testing
 import xxhash
 
 from drain.engine import DrainConfig, DrainEngine
+from drain.entries import Entries
 from drain.filestore import FileStore
 from drain.listing import ListingConfig, Listings
 from drain.retry import RetryingStore, RetryPolicy, RetryStats
@@ -130,7 +131,8 @@ async def node(tmp_path: Path, *gated: str, **drain: Any) -> AsyncIterator[Node]
     scheduler.config = config.schedule()
     retrying = RetryingStore(store, RetryPolicy(attempts=2, base=0.01), RetryStats())
     engine = DrainEngine(fs, retrying, config, scheduler)
-    listings = Listings(fs.table, fs.states, fs.keys, retrying, ListingConfig(ttl=0))
+    entries = Entries(fs.table, fs.states, fs.keys, retrying)
+    listings = Listings(fs.table, fs.states, fs.keys, entries, retrying, ListingConfig(ttl=0))
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(engine.run)

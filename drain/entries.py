@@ -1,0 +1,133 @@
+"""What the store says about one entry: its object's metadata, read and applied to its row.
+
+A listing shows keys, sizes and ETags only. The rest (mode, owner, mtime, extended attributes,
+a file's checksum, and whether a small object is a symlink or a special file: see
+:mod:`fsops.objectmeta`) is in each object's metadata, which takes a HEAD. A listing HEADs the
+entries it has not seen, in parallel and up to a bound (:mod:`drain.listing`); any other
+remote entry is described at its first lookup, and until then the kernel is told not to keep
+its attributes (:meth:`Entries.known`). An open HEADs the object again unless that was done
+within ``fresh_for`` seconds: it must not open what was deleted or rewritten meanwhile.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import stat
+import time
+
+from drain.store import ObjectInfo, Store, StoreError
+from fsops.inodes import Inode, InodeTable, fs_error
+from fsops.journal import InodeRow, State
+from fsops.objectmeta import EntryMeta, decode
+from fsops.state import FileStates
+from fsops.storekeys import StoreKeys
+
+log = logging.getLogger(__name__)
+
+
+def read_meta(info: ObjectInfo) -> EntryMeta:
+    """The entry an object stands for; metadata we cannot read counts as none (a plain file)."""
+    try:
+        return decode(info.metadata)
+    except ValueError as e:
+        log.warning("ignoring unreadable metadata of %s: %s", info.key, e)
+        return EntryMeta()
+
+
+def apply_attrs(row: InodeRow, meta: EntryMeta) -> None:
+    """Mode bits, owner and mtime from the metadata (the kind is fixed when a row is made)."""
+    if meta.mode is not None:
+        row.mode = stat.S_IFMT(row.mode) | meta.mode
+    if meta.uid is not None:
+        row.uid = meta.uid
+    if meta.gid is not None:
+        row.gid = meta.gid
+    if meta.mtime_ns is not None:
+        row.mtime_ns = row.ctime_ns = meta.mtime_ns
+    row.rdev = meta.rdev
+
+
+class Entries:
+    """``store`` retries temporary errors itself (:class:`drain.retry.RetryingStore`)."""
+
+    def __init__(
+        self,
+        table: InodeTable,
+        states: FileStates,
+        keys: StoreKeys,
+        store: Store,
+        fresh_for: float = 5.0,
+    ) -> None:
+        self.table = table
+        self.journal = table.journal
+        self.states = states
+        self.keys = keys
+        self.store = store
+        self.fresh_for = fresh_for
+        self._checked: dict[int, float] = {}  # inode -> when its object was last read
+
+    def known(self, row: InodeRow) -> bool:
+        """Whether the row's attributes are final: it is not a remote entry still to be
+        described."""
+        return row.state is not State.REMOTE or row.id in self._checked
+
+    def described(self, row: InodeRow, info: ObjectInfo | None, meta: EntryMeta) -> None:
+        """Apply what the store said about a remote entry (``info`` None: a directory with no
+        marker), in the caller's transaction."""
+        key = info.key if info is not None else None
+        etag = info.etag if info is not None else None
+        self.states.remote_checked(row, meta.checksum, key, etag)
+        apply_attrs(row, meta)
+        self.journal.update_attrs(row)
+        if row.is_reg or row.is_dir:
+            self.journal.replace_xattrs(row.id, list(meta.xattrs.items()))
+        self._checked[row.id] = time.monotonic()
+        if len(self._checked) > 100_000:
+            self._checked = {i: t for i, t in self._checked.items() if self.table.peek(i)}
+
+    async def describe(self, ino: Inode, *, strict: bool) -> None:
+        """Read a remote entry's object: for a lookup, unless that was ever done; before an
+        open, unless done within ``fresh_for`` seconds.
+
+        ``strict`` (before an open): an object that is gone is ENOENT, one rewritten since the
+        listing ESTALE, a store that cannot answer EIO. Otherwise (a lookup) any of these
+        leaves the entry as it is: the next listing settles it."""
+        if ino.state is not State.REMOTE:
+            return
+        seen = self._checked.get(ino.id)
+        if seen is not None and (not strict or time.monotonic() - seen < self.fresh_for):
+            return  # a lookup needs it described once; later changes come with listings
+        key = self.keys.entry_key(ino) if ino.is_dir else ino.stored_key
+        if key is None:
+            if strict:
+                raise fs_error(errno.EIO)
+            return
+        await self.keys.settled(key, 30)  # our own move of it may still be under way
+        try:
+            info = await self.store.head(key)
+        except StoreError as e:
+            if strict:
+                log.warning("cannot open %s: %s", key, e)
+                raise fs_error(errno.EIO) from None
+            log.info("cannot read the metadata of %s: %s", key, e)
+            return
+        if ino.state is not State.REMOTE:
+            return  # changed while the HEAD ran (O_TRUNC, fetched by another open)
+        if ino.is_dir:
+            with self.journal.transaction():
+                self.described(ino, info, read_meta(info) if info else EntryMeta())
+            return
+        if info is None:
+            if strict:
+                log.info("%s is no longer in the store", key)
+                raise fs_error(errno.ENOENT)
+            return
+        if info.etag != ino.stored_etag:
+            # Rewritten since the listing: the next listing gives the name a new inode.
+            if strict:
+                log.info("%s changed in the store since it was listed", info.key)
+                raise fs_error(errno.ESTALE)
+            return
+        with self.journal.transaction():
+            self.described(ino, info, read_meta(info))
