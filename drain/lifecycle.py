@@ -7,7 +7,11 @@ The plan for a run (a path in the mount with a retention policy) comes from two 
   version of). They make their checkpoint "not durable", so retention never touches it.
 
 Checkpoints are grouped by :class:`~drain.checkpoints.Recognizer`; pins are empty objects under
-``<prefix>.ckptgw-pins/<path>``, so every node sees the same pins. Applying a plan deletes each
+``<prefix>.ckptgw-pins/<path>``, so every node sees the same pins. A directory's marker object
+belongs to the checkpoint it is in (and goes with it), but a checkpoint of markers only (a
+``step_N/`` made before its files) is never complete. A symlink of the run outside the
+checkpoints (``last.ckpt``, ``best.ckpt``) whose relative target is in a checkpoint keeps that
+checkpoint: deleting it would leave the link dangling, on every node. Applying a plan deletes each
 doomed checkpoint's objects in batches, then drops it from this node's namespace and cache
 (other nodes drop it at their next listing), and tags milestones ``ckptgw-class=milestone``
 for the bucket's transition rule.
@@ -25,11 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drain.checkpoints import DURABLE, FileView, Recognizer
+from drain.entries import read_meta
 from drain.retention import DELETE, TRANSITION, Candidate, Decision, Policy, plan
-from drain.store import Store
+from drain.store import Store, StoreError
 from fsops.filesystem import Filesystem
 from fsops.journal import State
 from fsops.names import RESERVED
+from fsops.objectmeta import SMALL_OBJECT
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +139,46 @@ class Lifecycle:
                 out[v.path] = _File(v.path, self.prefix + v.path, v.size, True, v.mtime)
         return out
 
+    async def _links(self, files: dict[str, _File]) -> dict[str, str]:
+        """Checkpoints that symlinks outside the checkpoints point to: path -> the link."""
+        out: dict[str, str] = {}
+        for f in files.values():
+            if f.size > SMALL_OBJECT or f.path.endswith("/"):
+                continue
+            if self.recognizer.locate(f.path)[1] is not None:
+                continue  # inside a checkpoint: goes with it
+            target = await self._target(f)
+            if target is None or target.startswith(b"/"):
+                continue
+            resolved = posixpath.normpath(
+                posixpath.join(posixpath.dirname(f.path), target.decode(errors="replace"))
+            )
+            path, step = self.recognizer.locate(resolved)
+            if step is not None:
+                out.setdefault(path, f.path)
+        return out
+
+    async def _target(self, f: _File) -> bytes | None:
+        """A symlink's target, from this node's journal or else from the store."""
+        row = self.fs.journal.resolve(f.path)
+        if row is not None:  # a listing here described it already (small objects are)
+            return row.target if stat.S_ISLNK(row.mode) else None
+        if f.key is None:
+            return None
+        try:
+            info = await self.store.head(f.key)
+            if info is None or read_meta(info).kind != stat.S_IFLNK:
+                return None
+            return await self.store.get(f.key, etag=info.etag)
+        except StoreError as e:
+            log.warning("retention: cannot read %s (%s); its target is not kept for it", f.key, e)
+            return None
+
     def _complete(self, run: RunPolicy, path: str, files: list[_File], now: float) -> bool:
         if not all(f.durable for f in files):
             return False
+        if all(f.path.endswith("/") for f in files):
+            return False  # directory markers only: made before its files
         if len(files) == 1 and files[0].path == path:
             return True  # a single-file checkpoint: complete once it is in the store
         if run.marker:
@@ -153,7 +196,9 @@ class Lifecycle:
         for run in runs:
             groups: dict[str, list[_File]] = {}
             steps: dict[str, int] = {}
-            for f in (await self._files(run)).values():
+            files = await self._files(run)
+            links = await self._links(files)
+            for f in files.values():
                 path, step = self.recognizer.locate(f.path)
                 if step is not None:
                     groups.setdefault(path, []).append(f)
@@ -166,6 +211,7 @@ class Lifecycle:
                     durable=all(f.durable for f in files),
                     complete=self._complete(run, path, files, now),
                     pinned=path in pins,
+                    linked_by=links.get(path, ""),
                 )
                 for path, files in groups.items()
             ]

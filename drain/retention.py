@@ -5,7 +5,8 @@ The invariants, whatever the policy says:
 
 1. The newest complete durable checkpoint is kept.
 2. Every checkpoint newer than it (still being written, or not yet complete) is kept.
-3. Pinned checkpoints and milestones (``keep_every``) are kept.
+3. Pinned checkpoints, checkpoints a symlink of the run points to (``last.ckpt`` made by
+   ``save_last="link"``, a ``best.ckpt``) and milestones (``keep_every``) are kept.
 4. A checkpoint that is not entirely in the store is kept: retention never deletes data that
    exists only in a node's cache.
 5. Incomplete checkpoints are never judged (kept), and nothing younger than ``min_age`` goes.
@@ -45,6 +46,7 @@ class Candidate:
     durable: bool  # every file is in the store
     complete: bool  # its completeness rule holds (a commit marker, or quiet and durable)
     pinned: bool = False
+    linked_by: str = ""  # a symlink of the run that points into this checkpoint
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ def plan(candidates: Iterable[Candidate], policy: Policy, now: float) -> list[De
             reason = "newer than the newest complete checkpoint"
         elif c.pinned:
             reason = "pinned"
+        elif c.linked_by:
+            reason = f"a symlink points to it ({c.linked_by})"
         elif milestone:
             action, reason = TRANSITION, f"milestone (every {policy.keep_every} steps)"
         elif c.path in latest:

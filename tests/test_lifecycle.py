@@ -132,7 +132,7 @@ def test_plan_and_apply_delete_exactly_what_the_plan_said(setup: Setup) -> None:
     done = lifecycle(gw, "apply")
     assert done["deleted"] == 2 and done["tagged"] == 1
     doomed = {k for k in before if k.startswith(("run1/step_1/", "run1/step_2/"))}
-    assert len(doomed) == 4
+    assert len(doomed) == 6  # two files and the directory's marker each
     assert setup.objects() == before - doomed  # exactly the plan's deletes, nothing else
     assert sorted(os.listdir(gw.mountpoint / "run1")) == [
         "step_3",
@@ -186,12 +186,40 @@ def test_pins_from_one_gateway_are_honoured_by_another(setup: Setup) -> None:
     assert_one_line_error(r, "no retention policy for run 'nope'")
 
 
+def test_symlinks_keep_their_targets_and_markers_go_with_their_checkpoint(setup: Setup) -> None:
+    a = setup.node("a")
+    write_checkpoints(a, range(1, 5))
+    run = a.mountpoint / "run1"
+    (run / "best.ckpt").symlink_to("step_1/model.pt")  # kept: deleting would leave it dangling
+    (run / "last.ckpt").symlink_to("step_4/model.pt")  # Lightning's save_last="link"
+    (run / "step_9").mkdir()  # made before its files: a marker only, never complete
+    assert a.cli("flush", "--wait", "--timeout", "60").returncode == 0
+    assert {"run1/step_2/", "run1/step_9/", "run1/best.ckpt"} <= setup.objects()
+    want = {
+        "run1/step_9": ("keep", "newer than the newest complete checkpoint"),
+        "run1/step_4": ("keep", "newest complete checkpoint"),
+        "run1/step_3": ("keep", "one of the last 2"),
+        "run1/step_2": ("delete", "older than the last 2"),
+        "run1/step_1": ("keep", "a symlink points to it (run1/best.ckpt)"),
+    }
+    # A node that has listed nothing reads the symlink's target from the store.
+    b = setup.node("b")
+    plan_b = {p["path"]: (p["action"], p["reason"]) for p in lifecycle(b, "plan")["plan"]}
+    assert plan_b == want
+    done = lifecycle(a, "apply")
+    assert {p["path"]: (p["action"], p["reason"]) for p in done["plan"]} == want
+    left = setup.objects()
+    assert not any(k.startswith("run1/step_2") for k in left)  # its marker went with it
+    assert {"run1/step_1/", "run1/step_1/model.pt", "run1/best.ckpt", "run1/step_9/"} <= left
+    assert (run / "best.ckpt").read_bytes() == bytes([1]) * 1000
+
+
 def test_the_periodic_mode_applies_the_policy(setup: Setup) -> None:
     gw = setup.node("a", interval=0.5)
     write_checkpoints(gw, range(1, 4))
     assert gw.cli("flush", "--wait", "--timeout", "60").returncode == 0
     wait_for("step_1 to go", lambda: not any(k.startswith("run1/step_1/") for k in setup.objects()))
-    assert {k.split("/")[1] for k in setup.objects()} == {"step_2", "step_3"}
+    assert {k.split("/")[1] for k in setup.objects()} == {"", "step_2", "step_3"}  # "": run1/
     # The objects go first; the line is logged once this node's names are dropped too.
     log = gw.cache_dir / "ckptgw.log"
     wait_for("the retention log line", lambda: "retention: deleted run1/step_1" in log.read_text())

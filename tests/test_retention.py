@@ -34,6 +34,7 @@ def runs(draw: st.DrawFn) -> list[Candidate]:
                 durable=durable,
                 complete=draw(st.booleans()),
                 pinned=draw(st.booleans()) and draw(st.booleans()),
+                linked_by="last.ckpt" if draw(st.integers(0, 5)) == 0 else "",
             )
         )
     return out
@@ -70,7 +71,7 @@ def test_the_plan_never_breaks_the_invariants(cands: list[Candidate], policy: Po
         c = by_path[path]
         assert key(c) < key(newest)  # never the newest, never a newer one being written
         assert c.durable and c.complete  # never data only in a cache, never an unjudged one
-        assert not c.pinned
+        assert not c.pinned and not c.linked_by
         assert not (policy.keep_every and c.step % policy.keep_every == 0)  # milestones stay
         assert NOW - c.mtime >= policy.min_age
     for d in decisions:
@@ -87,6 +88,7 @@ def test_a_typical_run() -> None:
         c(100),
         c(200),
         c(300, pinned=True),
+        c(350, linked_by="best.ckpt"),
         c(400),
         c(500),
         c(600, complete=False),  # a crash mid-save, older than the newest complete one
@@ -103,6 +105,7 @@ def test_a_typical_run() -> None:
         700: (KEEP, "one of the last 2"),
         600: (KEEP, "incomplete: not judged"),
         500: (TRANSITION, "milestone (every 500 steps)"),
+        350: (KEEP, "a symlink points to it (best.ckpt)"),
         400: (DELETE, "older than the last 2"),
         300: (KEEP, "pinned"),
         200: (DELETE, "older than the last 2"),
