@@ -21,7 +21,7 @@ from gateway.client import (
     NotDurable,
     NotRunning,
     describe,
-    files,
+    entries,
     mount_at,
     mount_of,
     mounts,
@@ -218,14 +218,14 @@ def cmd_umount(args: argparse.Namespace) -> int:
             left = None  # a daemon that died: its journal keeps the data for the next mount
         if left is not None and left["count"] and not args.force:
             raise UserError(
-                f"{mp}: {files(left['count'])} ({size(int(left['bytes']))}) not in the store "
+                f"{mp}: {entries(left)} ({size(int(left['bytes']))}) not in the store "
                 f"yet; not unmounting (ckptgw status {mp} shows why; --force unmounts anyway "
                 "and keeps them in the cache for the next mount)"
             )
     unmount(mp)
     if left is not None and left["count"]:
         print(
-            f"ckptgw: warning: {files(left['count'])} ({size(int(left['bytes']))}) "
+            f"ckptgw: warning: {entries(left)} ({size(int(left['bytes']))}) "
             f"stay in the cache at {entry.cache_dir if entry else '?'}; the next mount of it "
             "drains them",
             file=sys.stderr,

@@ -137,12 +137,22 @@ def files(n: int) -> str:
     return f"{n} file" if n == 1 else f"{n} files"
 
 
+def entries(pending: dict[str, Any]) -> str:
+    """A ``pending`` answer's count: "2 files", "1 file and 1 directory"."""
+    dirs = int(pending.get("directories", 0))
+    rest = int(pending["count"]) - dirs
+    parts = [files(rest)] if rest or not dirs else []
+    if dirs:
+        parts.append(f"{dirs} director{'y' if dirs == 1 else 'ies'}")
+    return " and ".join(parts)
+
+
 def describe(pending: dict[str, Any]) -> str:
     """What a ``pending`` answer holds, in one line: "2 files, 5.0 MiB (/mnt/a, /mnt/b)"."""
     shown = ", ".join(str(f["path"]) for f in pending["files"][:3])
     more = pending["count"] - min(3, pending["count"])
     return (
-        f"{files(pending['count'])}, {size(pending['bytes'])} "
+        f"{entries(pending)}, {size(pending['bytes'])} "
         f"({shown}{f' and {more} more' if more else ''})"
     )
 

@@ -177,7 +177,7 @@ class ProgressBar:
         bar = "#" * int(30 * frac) + "." * (30 - int(30 * frac))
         self.stream.write(
             f"\r[{bar}] {100 * frac:3.0f}%  {size(done)} of {size(self.total)}"
-            f"  {pending['count']} files left   "
+            f"  {pending['count']} left   "
         )
         self.stream.flush()
 

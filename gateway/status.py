@@ -59,19 +59,22 @@ class Reporter:
 
     # -- files -----------------------------------------------------------------------------------
 
-    def files(self, path: str = "") -> list[tuple[InodeRow, FileView]]:
-        """Every regular file at or below ``path``, with its durability."""
+    def files(self, path: str = "", *, dirs: bool = False) -> list[tuple[InodeRow, FileView]]:
+        """Every entry at or below ``path`` but directories (with ``dirs``: and directories,
+        whose markers the store keeps too), with its durability."""
         row = self.fs.journal.resolve(path)
         if row is None:
             raise PathError(f"{self.mountpoint / path}: no such file or directory")
-        if stat.S_ISREG(row.mode):
-            found = [(row, path.strip("/"))]
+        prefix = path.strip("/")
+        if not stat.S_ISDIR(row.mode):
+            found = [(row, prefix)]
         else:
-            prefix = path.strip("/")
             found = [
                 (r, f"{prefix}/{rel}" if prefix else rel)
-                for r, rel in self.fs.journal.files_under(row.id)
+                for r, rel in self.fs.journal.files_under(row.id, dirs=dirs)
             ]
+            if dirs and row.parent is not None:
+                found.append((row, prefix))
         moving = self.fs.journal.pending_keys()  # a move to a file's key: not there yet
         out = []
         for r, rel in found:
@@ -84,10 +87,11 @@ class Reporter:
         """What is not durable yet at or below ``paths`` (all of the mount if empty)."""
         seen: dict[int, dict[str, Any]] = {}
         for path in paths or [""]:
-            for row, view in self.files(path):
+            for row, view in self.files(path, dirs=True):
                 if view.state != DURABLE:
                     seen[row.id] = {
                         "path": str(self.mountpoint / view.path),
+                        "directory": stat.S_ISDIR(row.mode),
                         "size": view.size,
                         "state": view.state,
                         "open_for_writing": self._writers(row) > 0,
@@ -95,8 +99,9 @@ class Reporter:
                     }
         files = sorted(seen.values(), key=lambda f: str(f["path"]))
         return {
-            "files": files,
+            "files": files,  # every kind of entry: directories have markers in the store
             "count": len(files),
+            "directories": sum(bool(f["directory"]) for f in files),
             "bytes": sum(int(f["size"]) for f in files),
         }
 
@@ -104,7 +109,9 @@ class Reporter:
         if not paths:
             self.engine.flush()
         else:
-            inodes = [row.id for p in paths for row, v in self.files(p) if v.state != DURABLE]
+            inodes = [
+                row.id for p in paths for row, v in self.files(p, dirs=True) if v.state != DURABLE
+            ]
             self.engine.flush(inodes)
         return self.pending(paths)
 

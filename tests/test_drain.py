@@ -31,7 +31,8 @@ def wait_for(what: str, predicate: Callable[[], bool], timeout: float = 60) -> N
 
 
 def file_store_objects(root: Path) -> dict[str, bytes]:
-    """Objects of a file store: every file below its root but the gateway's own staging."""
+    """Objects of a file store: every file below its root but the store's own staging, and
+    directory markers under their keys ("a/b/")."""
     out = {}
     # os.walk, not rglob: the store removes emptied directories while we walk (a move of a
     # directory's objects), and os.walk skips a directory that vanished instead of raising.
@@ -39,7 +40,9 @@ def file_store_objects(root: Path) -> dict[str, bytes]:
         for name in names:
             p = Path(dirpath) / name
             rel = p.relative_to(root).as_posix()
-            if rel.startswith(".ckptgw-"):
+            if name == ".ckptgw-dir":  # a directory's marker object, "a/b/"
+                rel = rel.removesuffix(name)
+            elif rel.startswith(".ckptgw-") or name.startswith(".ckptgw-"):
                 continue
             try:
                 out[rel] = p.read_bytes()
@@ -122,7 +125,21 @@ def drain(
         p.close()
 
 
-def settle_on(store: Bucket, expected: dict[str, bytes], timeout: float = 60) -> None:
+def with_markers(files: dict[str, bytes]) -> dict[str, bytes]:
+    """The objects a mount stores for these files: them, and a marker ("a/", "a/b/") for
+    every directory they are in."""
+    out = dict(files)
+    for key in files:
+        parts = key.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            out["/".join(parts[:i]) + "/"] = b""
+    return out
+
+
+def settle_on(store: Bucket, files: dict[str, bytes], timeout: float = 60) -> None:
+    """Wait until the store holds exactly these files and their directories' markers."""
+    expected = with_markers(files)
+
     def done() -> bool:
         return store.objects() == expected
 

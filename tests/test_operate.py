@@ -191,7 +191,7 @@ def test_flush_and_wait_drain_ahead_of_the_settle_delay(
 
     r = gw.cli("flush", str(gw.mountpoint / "step_1"), "--wait", "--timeout", "60")
     assert r.returncode == 0, r.stderr
-    assert set(file_store_objects(store)) == {"step_1/model.pt", "step_1/optim.pt"}
+    assert set(file_store_objects(store)) == {"step_1/", "step_1/model.pt", "step_1/optim.pt"}
     st = valid(gw.status())
     assert checkpoint(st, "step_1")["state"] == "durable"
     assert st["dirty_bytes"] == 11  # other.txt was not asked for
@@ -266,11 +266,15 @@ def test_sigterm_drains_newest_first_and_keeps_serving_writes(
     wait_for("the stopping mode", lambda: gw.status()["mode"] == "stopping")
     (gw.mountpoint / "emergency.pt").write_bytes(b"written after SIGTERM")  # still served
     wait_exit(pid)
-    assert s3.keys == {"step_1/model.pt", "step_2/model.pt", "step_3/model.pt", "emergency.pt"}
+    assert s3.keys == {
+        *("step_1/", "step_2/", "step_3/"),  # the directories' markers
+        *("step_1/model.pt", "step_2/model.pt", "step_3/model.pt", "emergency.pt"),
+    }
     assert s3.body("emergency.pt") == b"written after SIGTERM"
     puts = [p.split(f"/{s3.bucket}/", 1)[1] for m, p, _ in s3.proxy.log if m == "PUT"]
     assert stall.hits == 1
-    assert puts[:3] == ["step_3/model.pt", "step_2/model.pt", "step_1/model.pt"]  # newest first
+    files = [p for p in puts if not p.endswith("/")]  # the markers are tiny: any order
+    assert files[:3] == ["step_3/model.pt", "step_2/model.pt", "step_1/model.pt"]  # newest first
     log = (gw.cache_dir / "ckptgw.log").read_text()
     assert "received SIGTERM: draining" in log and "everything is in the store" in log
 
@@ -288,7 +292,8 @@ def test_sigterm_at_the_deadline_logs_what_is_left_for_the_next_mount(
     wait_exit(gw.pid)
     log = (gw.cache_dir / "ckptgw.log").read_text()
     assert f"not durable: {gw.mountpoint}/step_7/model.pt (3000 bytes" in log
-    assert "1 file (3000 bytes) not in the store" in log
+    assert f"not durable: {gw.mountpoint}/step_7 (0 bytes" in log  # its marker
+    assert "1 file and 1 directory (3000 bytes) not in the store" in log
     assert s3.keys == set()
 
     down.count = 0
@@ -392,7 +397,10 @@ def test_a_preemption_notice_drains_now_and_runs_the_command(
         assert st["mode"] == "emergency-drain" and st["preemption"]["notice"]
         assert st["preemption"]["command_exit"] == 0
         assert out.read_text().startswith(f"{gw.mountpoint} ")
-        assert file_store_objects(tmp_path / "store") == {"step_9/model.pt": b"9" * 2000}
+        assert file_store_objects(tmp_path / "store") == {
+            "step_9/": b"",
+            "step_9/model.pt": b"9" * 2000,
+        }
         if provider == "aws":
             assert "terminate" in st["preemption"]["notice"]
             gets = [h for m, p, h in mds.requests if m == "GET"]
