@@ -103,7 +103,8 @@ class Entries:
             if strict:
                 raise fs_error(errno.EIO)
             return
-        await self.keys.settled(key, 30)  # our own move of it may still be under way
+        if strict:
+            await self.keys.settled(key, 30)  # our own move of it may still be under way
         try:
             info = await self.store.head(key)
         except StoreError as e:
@@ -114,6 +115,11 @@ class Entries:
             return
         if ino.state is not State.REMOTE:
             return  # changed while the HEAD ran (O_TRUNC, fetched by another open)
+        now_key = self.keys.entry_key(ino) if ino.is_dir else ino.stored_key
+        if now_key != key or key in self.journal.pending_keys():
+            # Renamed while the HEAD ran, or a change of ours (a move, a metadata update) is
+            # still on its way to the store: what the store says now is older than the row.
+            return
         if ino.is_dir:
             with self.journal.transaction():
                 self.described(ino, info, read_meta(info) if info else EntryMeta())

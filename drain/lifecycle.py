@@ -279,7 +279,10 @@ class Lifecycle:
                 for d in [*reversed([i for i, _ in journal.subtree(top.id)]), top.id]:
                     entry = journal.get(d)  # files unlinked above are gone or orphans by now
                     if entry and stat.S_ISDIR(entry.mode) and not journal.has_children(d):
-                        table.unlink(table.adopt(entry))
+                        ino = table.adopt(entry)
+                        if ino.stored_key not in keys:
+                            self.fs.keys.unlinked(ino)  # a marker stored since, or on its way
+                        table.unlink(ino)
         for i in freed:
             table.cache.remove(i)
         return dropped

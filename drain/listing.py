@@ -146,7 +146,7 @@ class Listings:
             if self.journal.lookup(d.id, p[len(prefix) : -1].encode()) is None:
                 other.append(p)
         etags = {o.key: o.etag for o in listing.objects}
-        todo = small + other[: max(0, self.config.describe - len(small))]
+        todo = (small + other)[: self.config.describe]  # the rest at a later listing / lookup
         out: dict[str, _Described | None] = {}
         limiter = trio.CapacityLimiter(self.config.heads)
 
@@ -286,6 +286,8 @@ class Listings:
             return []
         if o.key in pending or row.stored_key in pending or self._in_use(row):
             return []
+        if self.keys.recently_stored.get(o.key, -1.0) >= started - 1.0:
+            return []  # ours, and newer than the listing (which shows the older object)
         # Rewritten by someone else: the store's version is the current one. It gets a new
         # inode, because the kernel (write-back cache) never takes a new size or mtime for an
         # inode it knows; an old inode still looked up lives on as an orphan until forgotten.

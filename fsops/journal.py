@@ -179,7 +179,7 @@ _SCHEMA = """
         -- 'move' (server-side copy src -> dst, then delete src) and 'delete' (src).
         CREATE TABLE store_ops (
             id     INTEGER PRIMARY KEY,
-            kind   TEXT NOT NULL,            -- move | delete
+            kind   TEXT NOT NULL,            -- move | delete | meta
             src    TEXT NOT NULL,
             dst    TEXT,
             etag   TEXT                      -- the etag src must still have (move)
@@ -581,6 +581,12 @@ class Journal:
             "INSERT INTO store_ops (kind, src, dst, etag) VALUES (?, ?, ?, ?)",
             (kind, src, dst, etag),
         )
+
+    def has_store_op(self, kind: str, src: str) -> bool:
+        r = self.db.execute(
+            "SELECT 1 FROM store_ops WHERE kind = ? AND src = ? LIMIT 1", (kind, src)
+        ).fetchone()
+        return r is not None
 
     def store_ops(self, limit: int = 1000) -> list[StoreOp]:
         rows = self.db.execute(

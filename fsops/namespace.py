@@ -271,6 +271,9 @@ class Namespace:
                 self.journal.set_name(src.id, new_parent.id, new_name)
                 self.journal.set_name(dst.id, old_parent.id, old_name)
                 dst.parent, dst.name, dst.ctime_ns = old_parent.id, old_name, now
+                # Each takes the other's keys: src's objects step aside first, or the move
+                # of dst's onto them would overwrite them before they are copied.
+                self.keys.step_aside(src)
                 self._moved(dst)
             elif dst is not None:
                 self.keys.unlinked(dst)

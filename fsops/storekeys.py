@@ -13,6 +13,10 @@ implies commits with the change itself and is resumed after a crash:
   S); unlinked, delete S; its stored metadata changed (chmod, chown, utimes, xattrs), copy S
   onto itself with the new metadata ('meta').
 
+An exchange of two stored entries (RENAME_EXCHANGE) moves one of them to a temporary key
+under ``.ckptgw-exchange/`` first, so that neither move overwrites what the other still has to
+copy.
+
 This holds for every kind of entry. A directory's object is its marker, whose key ends in "/"
 (:meth:`StoreKeys.entry_key`); renaming a directory moves its marker and every object below.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import stat
 import time
+import uuid
 
 import trio
 
@@ -125,8 +130,13 @@ class StoreKeys:
             if record is None or record.key == row.stored_key:
                 return  # the upload overwrites that object, then moves it to new_key
         if row.state in (State.CLEAN, State.REMOTE):
-            self.journal.add_store_op("move", row.stored_key, new_key, row.stored_etag)
+            old = row.stored_key
+            self.journal.add_store_op("move", old, new_key, row.stored_etag)
             self.states.stored_moved(row, new_key)
+            if self.journal.has_store_op("meta", old):
+                # A metadata update of the old key is pending: the move copies the object
+                # as it is, so the update follows it to the new key.
+                self.journal.add_store_op("meta", new_key)
             self.events.store_ops_added()
         else:
             self._delete(row.stored_key, inode)
@@ -136,6 +146,14 @@ class StoreKeys:
         """Everything below a directory whose path is ``new_dir_key`` now."""
         for inode, rel in self.journal.subtree(directory):
             self.moved(inode, f"{new_dir_key}/{rel}")
+
+    def step_aside(self, ino: InodeRow) -> None:
+        """Move what the store holds of ``ino`` (a directory: and below it) to a temporary
+        key, from which its next :meth:`moved` takes it to its place."""
+        aside = f"{self.prefix}.ckptgw-exchange/{uuid.uuid4().hex}"
+        if stat.S_ISDIR(ino.mode):
+            self.moved_tree(ino.id, aside)
+        self.moved(ino.id, aside)
 
     def metadata_changed(self, row: InodeRow) -> None:
         """What the store holds of a clean or remote entry is current but its metadata is

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyfuse3
 import pytest
 import trio
 import trio.testing
@@ -30,6 +31,7 @@ from drain.storeurl import parse_store_url
 from drain.upload import META_CHECKSUM, UploadConfig
 from fsops.filesystem import Filesystem, FsOptions
 from fsops.journal import ROOT_INODE, State
+from fsops.namespace import AttrChange
 from tests.conftest import errno_of
 from tests.test_ops import ME
 
@@ -468,3 +470,37 @@ def test_a_directory_rename_keeps_its_ctime_across_a_remount(tmp_path: Path) -> 
         assert row is not None and row.ctime_ns == after
     finally:
         fs.close()
+
+
+def test_an_exchange_of_two_stored_files_keeps_both_objects(tmp_path: Path) -> None:
+    """RENAME_EXCHANGE: each takes the other's key; neither move may overwrite the object
+    the other still has to copy."""
+
+    async def test() -> None:
+        async with node(tmp_path) as n:
+            await n.write(ROOT_INODE, b"a", b"AAAA")
+            await n.write(ROOT_INODE, b"b", b"BBBBBB")
+            await n.drained()
+            n.fs.namespace.rename(ROOT_INODE, b"a", ROOT_INODE, b"b", pyfuse3.RENAME_EXCHANGE)
+            await n.drained()
+            assert (await n.stored("a"))[0] == b"BBBBBB"
+            assert (await n.stored("b"))[0] == b"AAAA"
+            assert [o.key async for o in n.store.iter_objects("")] == ["a", "b"]
+
+    run(test)
+
+
+def test_a_metadata_change_then_a_rename_reaches_the_new_key(tmp_path: Path) -> None:
+    async def test() -> None:
+        async with node(tmp_path) as n:
+            inode = await n.write(ROOT_INODE, b"f", b"content")
+            await n.drained()
+            await n.fs.namespace.setattr(inode, AttrChange(mode=0o600))
+            await n.fs.namespace.setxattr(inode, b"user.step", b"7")
+            n.fs.namespace.rename(ROOT_INODE, b"f", ROOT_INODE, b"g", 0)
+            await n.drained()
+            data, meta = await n.stored("g")
+            assert data == b"content" and meta["mode"] == "600" and "xattrs" in meta
+            assert await n.store.head("f") is None
+
+    run(test)
