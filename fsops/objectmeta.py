@@ -19,6 +19,8 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from fsops.journal import InodeRow
+
 CHECKSUM = "xxh3-128"
 XATTR_BUDGET = 1536
 #: Objects up to this size may be symlinks or special files (a symlink's target is at most
@@ -119,6 +121,26 @@ def encode(
     if checksum is not None:
         meta[CHECKSUM] = checksum
     return meta
+
+
+def encode_row(
+    row: InodeRow,
+    xattrs: Iterable[tuple[bytes, bytes]],
+    *,
+    size: int | None = None,
+    checksum: str | None = None,
+) -> dict[str, str]:
+    """:func:`encode` of a journal row (``size``: the size being uploaded, if not the row's)."""
+    return encode(
+        row.mode,
+        row.uid,
+        row.gid,
+        row.mtime_ns,
+        size=row.size if size is None else size,
+        rdev=row.rdev,
+        xattrs=xattrs,
+        checksum=checksum,
+    )
 
 
 def decode(metadata: dict[str, str]) -> EntryMeta:
