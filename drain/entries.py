@@ -49,7 +49,9 @@ def apply_attrs(row: InodeRow, meta: EntryMeta) -> None:
 
 
 class Entries:
-    """``store`` retries temporary errors itself (:class:`drain.retry.RetryingStore`)."""
+    """``store`` retries temporary errors itself (:class:`drain.retry.RetryingStore`);
+    ``lookup_store`` (default: ``store``) serves a lookup's HEAD, which should get few
+    attempts, as a listing does."""
 
     def __init__(
         self,
@@ -58,12 +60,15 @@ class Entries:
         keys: StoreKeys,
         store: Store,
         fresh_for: float = 5.0,
+        *,
+        lookup_store: Store | None = None,
     ) -> None:
         self.table = table
         self.journal = table.journal
         self.states = states
         self.keys = keys
         self.store = store
+        self.lookup_store = lookup_store or store
         self.fresh_for = fresh_for
         self._checked: dict[int, float] = {}  # inode -> when its object was last read
 
@@ -106,7 +111,7 @@ class Entries:
         if strict:
             await self.keys.settled(key, 30)  # our own move of it may still be under way
         try:
-            info = await self.store.head(key)
+            info = await (self.store if strict else self.lookup_store).head(key)
         except StoreError as e:
             if strict:
                 log.warning("cannot open %s: %s", key, e)

@@ -264,7 +264,9 @@ async def _read_through(
 ) -> None:
     """Serve files that are only in the store: listings merged into the namespace, fetches."""
     listing_store = store.with_policy(LISTING)  # on the path of a lookup: few attempts
-    entries = Entries(fs.table, fs.states, fs.keys, listing_store, cfg.listing_ttl)
+    entries = Entries(
+        fs.table, fs.states, fs.keys, store, cfg.listing_ttl, lookup_store=listing_store
+    )
     listings = Listings(
         fs.table,
         fs.states,
