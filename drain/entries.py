@@ -36,7 +36,8 @@ def read_meta(info: ObjectInfo) -> EntryMeta:
 
 
 def apply_attrs(row: InodeRow, meta: EntryMeta) -> None:
-    """Mode bits, owner and mtime from the metadata (the kind is fixed when a row is made)."""
+    """Mode bits, owner and mtime from the metadata (the kind and a device's number are fixed
+    when a row is made)."""
     if meta.mode is not None:
         row.mode = stat.S_IFMT(row.mode) | meta.mode
     if meta.uid is not None:
@@ -45,7 +46,6 @@ def apply_attrs(row: InodeRow, meta: EntryMeta) -> None:
         row.gid = meta.gid
     if meta.mtime_ns is not None:
         row.mtime_ns = row.ctime_ns = meta.mtime_ns
-    row.rdev = meta.rdev
 
 
 class Entries:

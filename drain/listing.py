@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import trio
 
-from drain.entries import Entries, apply_attrs, read_meta
+from drain.entries import Entries, read_meta
 from drain.store import Listing, ObjectInfo, Store, StoreError
 from fsops.inodes import Inode, InodeTable
 from fsops.journal import ROOT_INODE, InodeRow, State
@@ -254,11 +254,11 @@ class Listings:
         meta = described.meta if described is not None else EntryMeta()
         default = 0o644 if meta.kind == stat.S_IFREG else 0o777 if meta.kind == stat.S_IFLNK else 0
         row = self._new_row(d, name, meta.kind | default, o.size, mtime_ns)
+        row.rdev = meta.rdev
         if described is not None and described.target is not None:
             row.target, row.size = described.target, len(described.target)
         elif meta.kind != stat.S_IFREG:
             row.size = 0
-        apply_attrs(row, meta)
         self.states.insert_listed(row, o.key, o.etag)
         if described is not None:
             self.entries.described(row, described.info, meta)
@@ -312,7 +312,6 @@ class Listings:
         if key in described:  # else its marker, if any, is read at its lookup
             marker = described[key]
             meta = marker.meta if marker is not None else EntryMeta()
-            apply_attrs(row, meta)
             self.entries.described(row, marker.info if marker is not None else None, meta)
 
     def _vanished(self, found: InodeRow, pending: set[str], started: float) -> list[int]:

@@ -23,7 +23,7 @@ from drain.scheduler import Scheduler
 from drain.store import NotFound, Store, StoreError
 from fsops.filesystem import Filesystem
 from fsops.journal import State, StoreOp
-from fsops.objectmeta import encode_row, updated
+from fsops.objectmeta import encode, updated
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class StoreOps:
         if info.etag != row.stored_etag:
             log.info("%s was rewritten elsewhere; its metadata is left as it is", op.src)
             return
-        ours = encode_row(row, self.journal.xattrs(row.id), checksum=row.checksum)
+        ours = encode(row, self.journal.xattrs(row.id), checksum=row.checksum)
         try:
             etag = await self.store.copy(op.src, op.src, updated(info.metadata, ours))
         except NotFound:

@@ -29,7 +29,7 @@ from drain.progress import DrainStats, UploadProgress
 from drain.store import NotFound, Store, StoreError, part_size_for
 from fsops.inodes import Inode, InodeTable
 from fsops.journal import UploadRow
-from fsops.objectmeta import CHECKSUM, encode_row
+from fsops.objectmeta import CHECKSUM, encode
 from fsops.state import FileStates
 from fsops.storekeys import StoreKeys
 
@@ -174,7 +174,7 @@ class Uploader:
         return clean
 
     def _metadata(self, ino: Inode, size: int, checksum: str | None) -> dict[str, str]:
-        return encode_row(ino, self.journal.xattrs(ino.id), size=size, checksum=checksum)
+        return encode(ino, self.journal.xattrs(ino.id), size=size, checksum=checksum)
 
     async def _entry(self, ino: Inode, generation: int, key: str, progress: UploadProgress) -> bool:
         """An entry without content in the cache: one PUT of its target (a symlink) or of

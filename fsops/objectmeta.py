@@ -92,55 +92,33 @@ def updated(existing: dict[str, str], ours: dict[str, str]) -> dict[str, str]:
 
 
 def encode(
-    mode: int,
-    uid: int,
-    gid: int,
-    mtime_ns: int,
-    *,
-    size: int = 0,
-    rdev: int = 0,
-    xattrs: Iterable[tuple[bytes, bytes]] = (),
-    checksum: str | None = None,
-) -> dict[str, str]:
-    meta = {
-        "mode": f"{mode & 0o7777:o}",
-        "uid": str(uid),
-        "gid": str(gid),
-        "mtime-ns": str(mtime_ns),
-    }
-    kind = _KINDS.get(stat.S_IFMT(mode))
-    if kind is not None:
-        meta["type"] = kind
-    else:
-        meta["size"] = str(size)
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        meta["rdev"] = str(rdev)
-    pairs = list(xattrs)
-    if pairs:
-        meta["xattrs"] = encode_xattrs(pairs)
-    if checksum is not None:
-        meta[CHECKSUM] = checksum
-    return meta
-
-
-def encode_row(
     row: InodeRow,
     xattrs: Iterable[tuple[bytes, bytes]],
     *,
     size: int | None = None,
     checksum: str | None = None,
 ) -> dict[str, str]:
-    """:func:`encode` of a journal row (``size``: the size being uploaded, if not the row's)."""
-    return encode(
-        row.mode,
-        row.uid,
-        row.gid,
-        row.mtime_ns,
-        size=row.size if size is None else size,
-        rdev=row.rdev,
-        xattrs=xattrs,
-        checksum=checksum,
-    )
+    """The metadata of a journal row's object (``size``: the size being uploaded, if not the
+    row's)."""
+    meta = {
+        "mode": f"{row.mode & 0o7777:o}",
+        "uid": str(row.uid),
+        "gid": str(row.gid),
+        "mtime-ns": str(row.mtime_ns),
+    }
+    kind = _KINDS.get(stat.S_IFMT(row.mode))
+    if kind is not None:
+        meta["type"] = kind
+    else:
+        meta["size"] = str(row.size if size is None else size)
+    if stat.S_ISCHR(row.mode) or stat.S_ISBLK(row.mode):
+        meta["rdev"] = str(row.rdev)
+    pairs = list(xattrs)
+    if pairs:
+        meta["xattrs"] = encode_xattrs(pairs)
+    if checksum is not None:
+        meta[CHECKSUM] = checksum
+    return meta
 
 
 def decode(metadata: dict[str, str]) -> EntryMeta:

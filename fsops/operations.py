@@ -113,10 +113,14 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         if name not in (b".", b".."):
             await self.remote.refresh(self.table.get(parent_inode))
-            found = self.table.lookup(parent_inode, name)
-            if found is not None and found.state is State.REMOTE:
-                await self.remote.describe(found)
-        return self.attrs(self.ns.lookup(parent_inode, name))
+        ino = self.ns.lookup(parent_inode, name)  # takes the kernel's reference
+        if ino.state is State.REMOTE and name not in (b".", b".."):
+            try:
+                await self.remote.describe(ino)
+            except BaseException:
+                ino.lookups -= 1  # no reply reaches the kernel
+                raise
+        return self.attrs(ino)
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for inode, nlookup in inode_list:
