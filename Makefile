@@ -5,7 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SYSPKGS := fuse3 libfuse3-dev pkg-config
+# dpkg-dev, meson and ninja build libfuse 3.17 (FUSE passthrough) from Debian's source package.
+SYSPKGS := fuse3 libfuse3-dev pkg-config dpkg-dev meson ninja-build patch
+FUSE_STAMP := $(VENV)/fuse/.built
 TESTPKGS := shellcheck
 PYTEST_ARGS ?=
 
@@ -25,8 +27,22 @@ apt:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
+# libfuse >= 3.17 and pyfuse3 with passthrough, built into the venv (deploy/passthrough/).
+# FUSE_PASSTHROUGH=0 skips it: pyfuse3 from PyPI, every byte through the daemon.
+FUSE_PASSTHROUGH ?= 1
+ifeq ($(FUSE_PASSTHROUGH),0)
+FUSE_DEP :=
+else
+FUSE_DEP := $(FUSE_STAMP)
+endif
+
+$(FUSE_STAMP): deploy/passthrough/fuse-passthrough.sh deploy/passthrough/pyfuse3-passthrough.patch | sysdeps
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	deploy/passthrough/fuse-passthrough.sh $(VENV) \
+		|| { echo "building FUSE passthrough failed; FUSE_PASSTHROUGH=0 builds without it" >&2; exit 1; }
+
 # torch is installed first and pinned exactly so that nothing resolves a CUDA build.
-$(STAMP): pyproject.toml | sysdeps
+$(STAMP): pyproject.toml $(FUSE_DEP) | sysdeps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[torch,test,bench]'

@@ -1,0 +1,74 @@
+#!/bin/bash
+# Build libfuse >= 3.17 and pyfuse3 with FUSE passthrough into a venv (called by `make`).
+#
+#   deploy/passthrough/fuse-passthrough.sh VENV
+#
+# libfuse comes from Debian's own source package of the trixie release (Debian 12 ships 3.14,
+# which has no passthrough), fetched with apt-get from the mirror this machine's apt sources
+# already name, built with meson + ninja into VENV/fuse. pyfuse3 3.5.0 is built from its sdist
+# with deploy/passthrough/pyfuse3-passthrough.patch (backing ids, FileInfo.backing_id, the INIT
+# flag; small enough to offer upstream), linked to VENV/fuse/lib by rpath. Takes ~30 s.
+set -euo pipefail
+
+VENV=$(cd "$1" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd)
+PREFIX=$VENV/fuse
+PYFUSE3=3.5.0
+SUITE=${FUSE_SOURCE_SUITE:-trixie}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/ckptgw-fuse.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+# The Debian archive URI this machine's apt uses (deb822 .sources or one-line sources.list);
+# the security archive is skipped: source packages of a release live in the main archive.
+mirror() {
+    {
+        cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {for (i = 2; i <= NF; i++) print $i}'
+        cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+            | awk '$1 == "deb" {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z+]+:\/\//) {print $i; break}}'
+    } | grep -E '/debian/?$' | grep -v -- '-security' | head -n 1
+}
+MIRROR=$(mirror || true)
+if [ -z "$MIRROR" ]; then
+    echo "fuse-passthrough: no Debian archive in /etc/apt/sources*; add one or set up apt first" >&2
+    exit 1
+fi
+
+echo "building libfuse from Debian $SUITE source (fuse3) into $PREFIX"
+mkdir -p "$WORK/sources" "$WORK/lists/partial" "$WORK/cache/archives/partial" "$WORK/src"
+cat > "$WORK/sources/$SUITE-src.sources" <<SRC
+Types: deb-src
+URIs: $MIRROR
+Suites: $SUITE
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+APT=(-q -o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$WORK/sources"
+     -o "Dir::State::Lists=$WORK/lists" -o "Dir::Cache=$WORK/cache"
+     -o APT::Sandbox::User=root)
+apt-get "${APT[@]}" update >/dev/null
+(cd "$WORK/src" && apt-get "${APT[@]}" source --download-only fuse3 >/dev/null)
+# apt-get checked the files against the archive's signed index; dpkg-source's own check of
+# the maintainer's signature needs debian-keyring, which is not needed here.
+dpkg-source -q -x "$WORK"/src/fuse3_*.dsc "$WORK/src/fuse3" >"$WORK/dpkg-source.log" 2>&1 \
+    || { cat "$WORK/dpkg-source.log" >&2; exit 1; }
+version=$(sed -n "s/^ *version *: *'\([0-9.]*\)'.*/\1/p" "$WORK/src/fuse3/meson.build" | head -n 1)
+case "$version" in
+    3.1[7-9]* | 3.[2-9]* | [4-9]*) ;;
+    *) echo "fuse-passthrough: Debian $SUITE has libfuse $version; passthrough needs >= 3.17" >&2; exit 1 ;;
+esac
+meson setup "$WORK/build" "$WORK/src/fuse3" --prefix="$PREFIX" --libdir=lib --buildtype=release \
+    -Dutils=false -Dexamples=false -Dtests=false -Duseroot=false -Dinitscriptdir= >"$WORK/meson.log" \
+    || { cat "$WORK/meson.log" >&2; exit 1; }
+ninja -C "$WORK/build" install >"$WORK/ninja.log" || { cat "$WORK/ninja.log" >&2; exit 1; }
+
+echo "building pyfuse3 $PYFUSE3 with passthrough against libfuse $version"
+"$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary :all: \
+    "pyfuse3==$PYFUSE3" -d "$WORK/py"
+tar -xzf "$WORK/py/pyfuse3-$PYFUSE3.tar.gz" -C "$WORK/py"
+patch -s -p1 -d "$WORK/py/pyfuse3-$PYFUSE3" <"$HERE/pyfuse3-passthrough.patch"
+PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig LDFLAGS="-Wl,-rpath,$PREFIX/lib" \
+    "$VENV/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps \
+    "$WORK/py/pyfuse3-$PYFUSE3"
+"$VENV/bin/python" -c 'import pyfuse3, sys; sys.exit(not hasattr(pyfuse3, "passthrough_open"))' \
+    || { echo "fuse-passthrough: pyfuse3 did not build with passthrough" >&2; exit 1; }
+touch "$PREFIX/.built"
