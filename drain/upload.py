@@ -7,8 +7,8 @@ entry is (:mod:`fsops.objectmeta`).
 Single PUT up to the multipart threshold; above it, a multipart upload whose parts go in
 parallel (bounded by a limiter shared by all uploads, so memory stays at most
 ``max_parts * part_size``). The upload record and every finished part are journaled. A
-restart with the same generation, key and size resumes: the journal's parts that the store
-still lists are kept, and only the rest are sent.
+restart with the same generation, key, size and content (its checksum, computed again)
+resumes: the journal's parts that the store still lists are kept, and only the rest are sent.
 
 The content checksum (xxh3-128) is computed before the upload starts, because object metadata
 is fixed when the upload is created.
@@ -151,16 +151,22 @@ class Uploader:
             if record is not None and not resumable:
                 await self.discard(record)
                 record = None
+            t0 = trio.current_time()
+            checksum = await trio.to_thread.run_sync(_hash_file, fd, size)
+            _check(ino, generation)
+            if record is not None and record.checksum != checksum:
+                # Written since those parts were sent, in the same generation (a dirty file
+                # takes writes without a new one, e.g. after a failed attempt): start over.
+                log.info("not resuming the upload of %s: the file changed since", key)
+                await self.discard(record)
+                record = None
             if record is None:
-                t0 = trio.current_time()
-                checksum = await trio.to_thread.run_sync(_hash_file, fd, size)
                 log.info(
                     "uploading %s: %d bytes, checksummed in %.2f s",
                     key,
                     size,
                     trio.current_time() - t0,
                 )
-                _check(ino, generation)
                 record = UploadRow(ino.id, generation, key, None, 0, size, checksum)
             meta = self._metadata(ino, size, record.checksum)
             if size <= self.config.multipart_threshold:

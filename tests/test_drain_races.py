@@ -78,6 +78,11 @@ class GatedStore(FileStore):
         await self.gate("delete")
         await super().delete(key)
 
+    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+        if number > 1:
+            await self.gate("later_parts")  # part 1 goes; the rest wait
+        return await super().upload_part(key, upload_id, number, data)
+
     async def iter_uploads(self, prefix: str) -> AsyncIterator[Upload]:
         await self.gate("iter_uploads")
         async for u in super().iter_uploads(prefix):
@@ -97,7 +102,7 @@ class Node:
         ino = self.fs.table.lookup(parent, name)
         if ino is None:
             ino = self.fs.namespace.create_file(parent, name, 0o644, ME)
-        fh = await self.fs.files.open(ino, os.O_WRONLY | flags)
+        fh, _ = await self.fs.files.open(ino, os.O_WRONLY | flags)
         await self.fs.files.write(fh, 0, data)
         await self.fs.files.fsync(fh, False)
         self.fs.files.release(fh)
@@ -305,6 +310,44 @@ def test_an_upload_interrupted_by_a_restart_resumes_as_dirty(tmp_path: Path) -> 
     run(second)
 
 
+def test_a_file_rewritten_before_its_upload_resumes_is_sent_anew(tmp_path: Path) -> None:
+    """Parts of an upload are in the store when the gateway stops; after the restart the
+    file (dirty, same generation, same size) is rewritten before the drain takes it again:
+    the resumed upload must not mix those old parts with the new content."""
+    old, new = os.urandom(12 * MiB), os.urandom(12 * MiB)
+
+    async def first() -> None:
+        async with node(tmp_path, "later_parts") as n:
+            inode = await n.write(ROOT_INODE, b"latest.pt", old)
+            await n.until("part 1 is sent", lambda: bool(n.fs.journal.parts(inode)))
+            # the gateway stops here, mid-upload
+
+    async def rewrite() -> None:  # mounted again; the trainer writes before the drain runs
+        url = f"file://{tmp_path / 'store'}"
+        fs = Filesystem(tmp_path / "cache", FsOptions(store_url=url, reserve_bytes=0))
+        try:
+            ino = fs.table.lookup(ROOT_INODE, b"latest.pt")
+            assert ino is not None and ino.state is State.DIRTY
+            assert fs.journal.parts(ino.id), "no part of the first upload to resume"
+            fh, _ = await fs.files.open(ino, os.O_WRONLY)  # in place: no O_TRUNC
+            await fs.files.write(fh, 0, new)
+            await fs.files.fsync(fh, False)
+            fs.files.release(fh)
+        finally:
+            fs.close()
+
+    async def second() -> None:
+        async with node(tmp_path) as n:
+            await n.drained()
+            data, meta = await n.stored("latest.pt")
+            assert meta[META_CHECKSUM] == xxh(new)
+            assert data == new
+
+    run(first)
+    run(rewrite)
+    run(second)
+
+
 def test_an_unlink_during_the_upload_leaves_nothing_in_the_store(tmp_path: Path) -> None:
     async def test() -> None:
         async with node(tmp_path, "create_multipart") as n:
@@ -441,7 +484,7 @@ def test_a_write_larger_than_the_whole_cache_fails_at_once(tmp_path: Path) -> No
         )
         try:
             ino = fs.namespace.create_file(ROOT_INODE, b"big", 0o644, ME)
-            fh = await fs.files.open(ino, os.O_WRONLY)
+            fh, _ = await fs.files.open(ino, os.O_WRONLY)
             t0 = trio.current_time()
             with pytest.raises(OSError) as e:
                 await fs.files.write(fh, 0, b"x" * (2 * MiB))
