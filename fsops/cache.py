@@ -138,6 +138,8 @@ class CacheFiles:
         self.reserve_bytes = reserve_bytes
         self.early_writeback = early_writeback
         self.used = 0
+        self.held = 0  # bytes of the reserve held in a file (passthrough mode)
+        self.release_reserve()  # one left by an earlier mount is not counted as held
         self.room = Room()  # fired when bytes are freed (and by FileStates when a file is clean)
         self._dirfd = os.open(self.data, os.O_RDONLY | os.O_DIRECTORY)
         self.direct: DirectWriter | None = None
@@ -244,14 +246,44 @@ class CacheFiles:
 
     # -- space -----------------------------------------------------------------------------------
 
+    # With passthrough the kernel writes cache files without asking: the reserve is then held
+    # as a file of that size (``held``), which fsops.passthrough gives back to the journal
+    # when the disk fills, and takes again once there is room.
+
+    @property
+    def _reserve_path(self) -> Path:
+        return self.root / "reserve"
+
+    def hold_reserve(self) -> bool:
+        """Allocate the reserve as a file; False if the disk has no room for it now."""
+        fd = os.open(self._reserve_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, max(1, self.reserve_bytes))  # blocks, not a sparse size
+        except OSError:
+            os.ftruncate(fd, 0)
+            return False
+        finally:
+            os.close(fd)
+        self.held = self.reserve_bytes
+        return True
+
+    def release_reserve(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._reserve_path)
+        self.held = 0
+
+    def free_bytes(self) -> int:
+        """Free bytes on the cache disk, as statvfs says."""
+        st = os.fstatvfs(self._dirfd)
+        return st.f_bavail * st.f_frsize
+
     def disk_room(self) -> int:
         """Bytes that may still be written to the cache disk, keeping the reserve free."""
-        st = os.fstatvfs(self._dirfd)
-        return st.f_bavail * st.f_frsize - self.reserve_bytes
+        return self.free_bytes() - (self.reserve_bytes - self.held)
 
     def space(self) -> SpaceInfo:
         st = os.fstatvfs(self._dirfd)
-        reserve_blocks = -(-self.reserve_bytes // st.f_frsize)
+        reserve_blocks = -(-(self.reserve_bytes - self.held) // st.f_frsize)
         return SpaceInfo(
             block_size=st.f_frsize,
             total_blocks=st.f_blocks,

@@ -1,10 +1,15 @@
 """Open files and the data path: open, read, write, flush, release, fsync.
 
-``write`` returns once the bytes are in the cache file (the OS page cache of the cache disk):
-it survives a crash of the daemon. ``fsync`` returns once the cache file, its directory entry
-and the journal are on stable storage: it survives a crash of the node. The write handler is
-the hot path: one ``pwrite``, no journal access, no thread hop (a thread hop per 1 MiB request
-costs more than the copy).
+An open takes one of two data paths (:mod:`fsops.passthrough`): the kernel's, reading and
+writing the cache file itself, or the daemon's, below. On the kernel's, the daemon learns
+what was written at flush, fsync, release, getattr and setattr (:meth:`OpenFiles.observe`),
+and a file opened for writing is made dirty at open, before the kernel can write a byte.
+
+On the daemon's path, ``write`` returns once the bytes are in the cache file (the OS page
+cache of the cache disk): it survives a crash of the daemon. ``fsync`` returns once the
+cache file, its directory entry and the journal are on stable storage: it survives a crash
+of the node. The write handler is the hot path: one ``pwrite``, no journal access, no
+thread hop (a thread hop per 1 MiB request costs more than the copy).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import trio
 from fsops.cache import start_writeback
 from fsops.inodes import Inode, InodeTable, fs_error
 from fsops.journal import State
+from fsops.passthrough import Passthrough
 from fsops.space import CacheSpace
 from fsops.state import FileStates
 
@@ -29,6 +35,7 @@ class Handle:
     inode: Inode
     writable: bool
     append: bool
+    backing: int  # > 0: a passthrough open on this backing id; 0: the daemon path
 
 
 class OpenFiles:
@@ -38,17 +45,26 @@ class OpenFiles:
         space: CacheSpace,
         states: FileStates,
         kernel_writeback_cache: bool,
+        path: Passthrough,
     ) -> None:
         self.table = table
         self.cache = table.cache
         self.space = space
         self.states = states
-        # With the kernel's write-back cache the kernel resolves O_APPEND itself and sends
-        # absolute offsets; without it, appends are placed at our idea of the end of file.
-        self._place_appends = not kernel_writeback_cache
+        self.path = path
+        self.kernel_writeback_cache = kernel_writeback_cache
         self._handles: dict[int, Handle] = {}
         self._next_fh = itertools.count(1)
-        self.written_bytes = 0  # accepted by write(), for the metrics
+        self.written_bytes = 0  # written to the mount, either path (for the metrics)
+        self.daemon_bytes = 0  # of those, accepted by write(): through the daemon
+        self._kernel_writers: dict[int, Inode] = {}  # inodes open for writing on its path
+
+    @property
+    def _place_appends(self) -> bool:
+        """With the kernel's write-back cache the kernel resolves O_APPEND itself and sends
+        absolute offsets; without it (or in passthrough mode, which turns it off), appends
+        are placed at our idea of the end of file."""
+        return self.path.negotiated or not self.kernel_writeback_cache
 
     def handle(self, fh: int) -> Handle:
         try:
@@ -56,32 +72,81 @@ class OpenFiles:
         except KeyError:
             raise fs_error(errno.EBADF) from None
 
-    async def open(self, ino: Inode, flags: int) -> int:
+    async def open(self, ino: Inode, flags: int) -> tuple[int, int]:
+        """Open ``ino``; returns the handle and the backing id (0: the daemon path)."""
         if not ino.is_reg:
             raise fs_error(errno.EISDIR if ino.is_dir else errno.EINVAL)
         writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         self.table.open_fd(ino)
+        bid = -1
         try:
             now = time.time_ns()
+            self.observe(ino)  # a writer on the kernel's path may have grown it
             if flags & os.O_TRUNC and writable and ino.size:
                 await self.states.mark_dirty(ino)
                 os.ftruncate(ino.fd, 0)
                 self.space.shrink(ino, 0)
                 ino.size = 0
                 ino.mtime_ns = ino.ctime_ns = now
+            bid = self.path.backing(ino, writable, (flags & os.O_ACCMODE) == os.O_RDWR)
+            if bid:
+                self.observe(ino)  # what it is now: later changes are the kernel's writes
+                if writable:  # dirty before the kernel can write a byte
+                    await self.space.admit()
+                    self.space.keep_headroom()
+                    await self.states.mark_dirty(ino)
+                    self._kernel_writers[ino.id] = ino
             ino.atime_ns = now  # the last open: what eviction goes by (least recently used)
             ino.attrs_dirty = True
         except BaseException:
+            if bid >= 0:
+                self.path.closed(ino, bid)
             self.table.close_fd(ino)
             raise
-        return self._add(ino, writable, bool(flags & os.O_APPEND))
+        return self._add(ino, writable, bool(flags & os.O_APPEND), bid), bid
 
-    def _add(self, ino: Inode, writable: bool, append: bool) -> int:
+    def _add(self, ino: Inode, writable: bool, append: bool, bid: int) -> int:
         fh = next(self._next_fh)
-        self._handles[fh] = Handle(ino, writable, append)
+        self._handles[fh] = Handle(ino, writable, append, bid)
         if writable:
             ino.writers += 1
         return fh
+
+    def observe(self, ino: Inode, *, adopt: bool = True) -> None:
+        """Take the size and mtime of a file the kernel writes (passthrough) from its cache
+        file, where they changed since last seen; ``adopt=False`` only notes them (after the
+        daemon itself changed the file: a truncate, a utimens)."""
+        if not ino.passthrough_opens or ino.fd < 0:
+            return
+        st = os.fstat(ino.fd)
+        seen = (st.st_size, st.st_mtime_ns)
+        if seen == ino.backing_seen:
+            return
+        first = ino.backing_seen[0] < 0
+        ino.backing_seen = seen
+        self.path.check_room()
+        if adopt and not first:
+            if st.st_size > ino.size:
+                self.written_bytes += st.st_size - ino.size
+            ino.size = st.st_size
+            ino.mtime_ns = ino.ctime_ns = st.st_mtime_ns
+            ino.attrs_dirty = True
+        self.space.observed(ino, st.st_size)
+
+    async def watch(self, interval: float = 0.05) -> None:
+        """With passthrough, for the life of the mount: every ``interval`` seconds while files
+        are open for writing on the kernel's path, learn what they wrote (charged to the
+        cache) and keep room ahead of them by evicting clean files; and look after the disk
+        reserve (:meth:`fsops.passthrough.Passthrough.check_room`). Idle otherwise."""
+        if not self.path.negotiated:
+            return
+        while True:
+            await trio.sleep(interval if self._kernel_writers else 10 * interval)
+            for ino in list(self._kernel_writers.values()):
+                self.observe(ino)
+            if self._kernel_writers:
+                self.space.keep_headroom()
+            self.path.check_room()
 
     def read(self, fh: int, off: int, size: int) -> bytes:
         return os.pread(self.handle(fh).inode.fd, size, off)
@@ -113,6 +178,7 @@ class OpenFiles:
                 ino.unsynced_bytes = 0
                 start_writeback(ino.fd)
         self.written_bytes += n
+        self.daemon_bytes += n
         if off + n > ino.size:
             ino.size = off + n
         ino.mtime_ns = ino.ctime_ns = time.time_ns()
@@ -121,6 +187,7 @@ class OpenFiles:
 
     def flush(self, fh: int) -> None:
         ino = self.handle(fh).inode
+        self.observe(ino)
         if ino.attrs_dirty:
             self.table.persist(ino)
 
@@ -129,14 +196,19 @@ class OpenFiles:
         if h is None:
             return
         ino = h.inode
-        if h.writable:
-            ino.writers -= 1
-        if ino.attrs_dirty and ino.parent is not None:
-            self.table.persist(ino)
-        if h.writable and ino.writers == 0:
-            self.states.quiet(ino)
-        self.table.close_fd(ino)
-        self.table.release_if_unused(ino)
+        try:
+            self.observe(ino)
+            if ino.attrs_dirty and ino.parent is not None:
+                self.table.persist(ino)
+        finally:  # the open ends whatever failed above
+            self.path.closed(ino, h.backing)
+            if h.writable:
+                ino.writers -= 1
+                if ino.writers == 0:
+                    self._kernel_writers.pop(ino.id, None)
+                    self.states.quiet(ino)
+            self.table.close_fd(ino)
+            self.table.release_if_unused(ino)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         ino = self.handle(fh).inode
@@ -144,6 +216,7 @@ class OpenFiles:
         ino.syncing += 1
         try:
             await trio.to_thread.run_sync(sync, ino.fd)
+            self.observe(ino)
             ino.unsynced_bytes = 0
             if not ino.entry_synced:
                 await trio.to_thread.run_sync(self.cache.sync_entry, ino.id)

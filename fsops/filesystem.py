@@ -19,6 +19,7 @@ from fsops.journal import Journal, JournalError
 from fsops.names import KeyRules
 from fsops.namespace import Namespace
 from fsops.operations import Operations
+from fsops.passthrough import Passthrough
 from fsops.recovery import RecoveryReport, recover
 from fsops.remote import LocalOnly, Remote
 from fsops.space import CacheSpace
@@ -36,6 +37,7 @@ class FsOptions:
     early_writeback: int = 8 << 20
     direct_io: bool = True
     writeback_cache: bool = True
+    passthrough: bool = True  # FUSE passthrough where the kernel and the build allow it
     attr_timeout: float = 1.0
     cache_limit: int | None = None  # bytes the cache files may hold; None: the disk's room
     write_wait: float = 60.0  # how long a write waits for the drain to free room
@@ -71,7 +73,8 @@ class Filesystem:
         self.namespace = Namespace(
             self.table, KeyRules(opts.key_prefix), self.keys, self.space, self.states
         )
-        self.files = OpenFiles(self.table, self.space, self.states, opts.writeback_cache)
+        self.path = Passthrough(opts.passthrough, self.cache, writers=opts.cache_limit is None)
+        self.files = OpenFiles(self.table, self.space, self.states, opts.writeback_cache, self.path)
 
     def operations(self, remote: Remote | None = None) -> Operations:
         """The FUSE request handlers, with ``remote`` serving files only the store has."""

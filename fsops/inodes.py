@@ -43,6 +43,12 @@ class Inode(InodeRow):
     entry_synced: bool = True  # the cache file's directory entry is durable
     unsynced_bytes: int = 0  # written since the last early write-back kick
     charged: int = 0  # bytes of the cache file counted in the cache's use (fsops.space)
+    # The data path of its opens (fsops.passthrough): the kernel serves passthrough opens
+    # from the cache file, registered once under ``backing_id`` while any is open.
+    passthrough_opens: int = 0
+    daemon_opens: int = 0
+    backing_id: int = 0
+    backing_seen: tuple[int, int] = (-1, -1)  # cache file (size, mtime) when last observed
     dirtying: trio.Event | None = field(default=None, repr=False)
 
 

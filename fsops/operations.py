@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pyfuse3
 
 from fsops.files import OpenFiles
+from fsops.inodes import Inode
 from fsops.journal import InodeRow, State
 from fsops.namespace import AttrChange, Namespace
 from fsops.remote import Remote
@@ -59,6 +60,14 @@ def _fuse_boundary(cls: _C) -> _C:
     return cls
 
 
+def _file_info(fh: int, backing_id: int) -> pyfuse3.FileInfo:
+    if backing_id:  # the kernel reads and writes the cache file (fsops.passthrough)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=backing_id)
+    # An inode's content only changes through this mount (a rewrite from elsewhere gets a
+    # new inode): the kernel may keep its pages.
+    return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+
 @_fuse_boundary
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
@@ -82,10 +91,17 @@ class Operations(pyfuse3.Operations):
         self.table = namespace.table
         self.remote = remote
         self.enable_writeback_cache = writeback_cache
+        # Asked of the kernel at INIT; when it agrees, the write-back cache is not.
+        self.enable_passthrough = files.path.wanted
         self.attr_timeout = attr_timeout
         self.blksize = blksize
 
+    def init(self) -> None:
+        self.files.path.init()
+
     def attrs(self, ino: InodeRow) -> pyfuse3.EntryAttributes:
+        if isinstance(ino, Inode):
+            self.files.observe(ino)  # what the kernel wrote, with passthrough
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino.id
         a.generation = 0
@@ -149,7 +165,10 @@ class Operations(pyfuse3.Operations):
         ino = self.table.get(inode)
         if change.size is not None and ino.state is State.REMOTE:
             await self.remote.ensure_whole(ino)  # keep what the new size keeps
-        return self.attrs(await self.ns.setattr(inode, change))
+        self.files.observe(ino)  # the kernel's writes first, then this change over them
+        ino = await self.ns.setattr(inode, change)
+        self.files.observe(ino, adopt=False)
+        return self.attrs(ino)
 
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
         return self.ns.readlink(inode)
@@ -197,18 +216,16 @@ class Operations(pyfuse3.Operations):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        if self.files.path.active:
+            await self.space.admit()  # before the name exists (a writer on the kernel's path)
         ino = self.ns.create_file(parent_inode, name, mode, ctx)
-        fh = await self.files.open(ino, flags)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True), self.attrs(ino)
+        return _file_info(*await self.files.open(ino, flags)), self.attrs(ino)
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         ino = self.table.get(inode)
         if ino.state is State.REMOTE:
             await self.remote.prepare_open(ino, flags)
-        fh = await self.files.open(ino, flags)
-        # An inode's content only changes through this mount (a rewrite from elsewhere gets
-        # a new inode): the kernel may keep its pages.
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+        return _file_info(*await self.files.open(ino, flags))
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         ino = self.files.handle(fh).inode

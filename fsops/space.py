@@ -94,6 +94,30 @@ class CacheSpace:
         ino.charged = end
         return need
 
+    async def admit(self) -> None:
+        """Before an open for writing whose bytes the daemon will not see (passthrough): the
+        cache must have room for more, else the writer waits for the drain like a write, then
+        gets ENOSPC. What it writes is charged as it is observed (:meth:`observed`)."""
+        if not self._fits(1):
+            await self._make_room(1, patient=False)
+
+    def keep_headroom(self) -> None:
+        """Writers on the kernel's path write without asking: keep room ahead of them, by
+        evicting clean files, up to an eighth of the cache (at most 1 GiB). Dirty files
+        cannot go: a disk full of them gives the writer the disk's own ENOSPC."""
+        headroom = min(1 << 30, self.capacity() // 8)
+        if not self._fits(headroom):
+            self.evict(headroom)
+
+    def observed(self, ino: Inode, size: int) -> None:
+        """The cache file of ``ino`` was found ``size`` bytes long, written by the kernel
+        (passthrough): charge the growth, then evict clean files if that passed the limit."""
+        if size > ino.charged:
+            self.cache.used += size - ino.charged
+            ino.charged = size
+            if not self._fits(0):
+                self.evict(0)
+
     def shrink(self, ino: Inode, size: int) -> None:
         if size < ino.charged:
             self.cache.uncharge(ino.charged - size)

@@ -51,11 +51,18 @@ DIRTY, UPLOADING, CLEAN, REMOTE = State.DIRTY, State.UPLOADING, State.CLEAN, Sta
 TRANSITIONS: tuple[Transition, ...] = (
     Transition("insert_local", None, DIRTY, "create, mknod, mkdir, symlink"),
     Transition("insert_listed", None, REMOTE, "a listing shows an object this node lacks"),
-    Transition("mark_dirty", CLEAN, DIRTY, "write, truncate, open with O_TRUNC"),
+    Transition(
+        "mark_dirty", CLEAN, DIRTY, "write, truncate, open with O_TRUNC or (passthrough) to write"
+    ),
     Transition(
         "mark_dirty", REMOTE, DIRTY, "open with O_TRUNC; chmod etc. of a directory with no marker"
     ),
-    Transition("mark_dirty", UPLOADING, DIRTY, "write, truncate or chmod etc. during the upload"),
+    Transition(
+        "mark_dirty",
+        UPLOADING,
+        DIRTY,
+        "write, truncate, chmod etc. or (passthrough) open to write, during the upload",
+    ),
     Transition("begin_upload", DIRTY, UPLOADING, "the drain takes it: no writer, settled"),
     Transition("finish_upload", UPLOADING, CLEAN, "object complete, same generation and size"),
     Transition("abandon_upload", UPLOADING, DIRTY, "upload failed, cancelled, or restart"),

@@ -56,6 +56,13 @@ def _parser() -> argparse.ArgumentParser:
         help="let other users access the mount (off by default)",
     )
     m.add_argument(
+        "--no-passthrough",
+        dest="passthrough",
+        action="store_false",
+        default=None,
+        help="every byte through the daemon, not kernel FUSE passthrough (mount.passthrough)",
+    )
+    m.add_argument(
         "--foreground", action="store_true", help="stay in front (for systemd and containers)"
     )
 
@@ -148,6 +155,7 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
         cache_dir=args.cache_dir,
         endpoint_url=args.endpoint_url,
         allow_other=args.allow_other,
+        passthrough=args.passthrough,
         foreground=args.foreground,
     )
     if args.foreground:

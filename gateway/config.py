@@ -20,7 +20,8 @@ Example (every key optional)::
     [mount]
     allow_other = false
     attr_timeout = 1.0
-    writeback_cache = true    # the kernel's write-back cache for the mount
+    writeback_cache = true    # the kernel's write-back cache (not with passthrough)
+    passthrough = true        # the kernel reads/writes cache files (Linux >= 6.9, root)
 
     [drain]
     settle = 0.2              # seconds a closed file stays quiet before it is uploaded
@@ -118,6 +119,7 @@ class Config:
     endpoint_url: str | None = None
     allow_other: bool = False
     writeback_cache: bool = True
+    passthrough: bool = True
     attr_timeout: float = 1.0
     reserve_bytes: int = 256 << 20
     early_writeback: int = 8 << 20
@@ -160,7 +162,7 @@ _KNOWN = {
         "fetch_chunk",
         "fetch_parallel",
     },
-    "mount": {"allow_other", "attr_timeout", "writeback_cache"},
+    "mount": {"allow_other", "attr_timeout", "writeback_cache", "passthrough"},
     "drain": {
         "settle",
         "max_files",
@@ -232,6 +234,7 @@ def load_config(
     cache_dir: str | None = None,
     endpoint_url: str | None = None,
     allow_other: bool | None = None,
+    passthrough: bool | None = None,
     foreground: bool = False,
 ) -> Config:
     data = _read_toml(Path(config_file)) if config_file else {}
@@ -265,6 +268,7 @@ def load_config(
         endpoint_url=endpoint_url or st.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL"),
         allow_other=bool(allow_other if allow_other is not None else mo.get("allow_other", False)),
         writeback_cache=bool(mo.get("writeback_cache", True)),
+        passthrough=bool(passthrough if passthrough is not None else mo.get("passthrough", True)),
         attr_timeout=float(timeout),
         reserve_bytes=parse_size(ca.get("reserve", 256 << 20), "cache.reserve"),
         early_writeback=parse_size(ca.get("early_writeback", 8 << 20), "cache.early_writeback"),

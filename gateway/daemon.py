@@ -156,6 +156,7 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
                 early_writeback=cfg.early_writeback,
                 direct_io=cfg.direct_io,
                 writeback_cache=cfg.writeback_cache,
+                passthrough=cfg.passthrough,
                 attr_timeout=cfg.attr_timeout,
                 cache_limit=cfg.cache_size,
                 write_wait=cfg.write_wait,
@@ -439,6 +440,7 @@ async def _serve(
         await nursery.start(engine.run)
         fetcher, remote = await nursery.start(_read_through, fs, store, cfg)
         mount.open(fs.operations(remote))
+        nursery.start_soon(fs.files.watch)
         reporter = Reporter(
             cfg.mountpoint,
             str(cfg.store),

@@ -51,7 +51,22 @@ class GatewayCollector(Collector):
 
         cache: dict[str, Any] = st["cache"]
         yield counter(
-            "written_bytes", "Bytes accepted by write() on the mount", st["written_bytes"]
+            "written_bytes",
+            "Bytes written to the mount",
+            st["written_bytes"],
+        )
+        path = st["data_path"]
+        yield gauge(
+            "passthrough",
+            "1 if the kernel reads and writes cache files",
+            path["mode"] == "passthrough",
+        )
+        yield counter("passthrough_opens", "Opens served by the kernel", path["passthrough_opens"])
+        yield counter(
+            "daemon_opens", "Opens whose bytes go through the daemon", path["daemon_opens"]
+        )
+        yield counter(
+            "daemon_written_bytes", "Bytes written through the daemon", path["daemon_bytes"]
         )
         yield counter("drained_bytes", "Bytes sent to the store", st["drained"]["bytes"])
         yield counter("drained_files", "Uploads completed", st["drained"]["files"])

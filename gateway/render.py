@@ -84,6 +84,12 @@ def status_text(st: dict[str, Any], colour: bool = False) -> str:
     if st["mode"] != "serving":
         left = f", stops in {age(st['deadline'] - now)}" if st.get("deadline") else ""
         lines.append(paint(f"  {st['mode'].upper()}: {st['mode_reason']}{left}", "draining"))
+    path = st["data_path"]
+    lines.append(
+        "  data path passthrough (the kernel reads and writes the cache)"
+        if path["mode"] == "passthrough"
+        else f"  data path daemon ({path['reason']})"
+    )
     limit = f" of {size(cache['limit'])}" if cache["limit"] is not None else ""
     lines.append(
         f"  cache     {size(cache['used'])} used{limit}, {size(cache['free'])} free"

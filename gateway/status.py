@@ -184,6 +184,13 @@ class Reporter:
             "uploads": uploads,
             "drained": {"bytes": self.engine.drained.bytes, "files": self.engine.drained.files},
             "written_bytes": self.fs.files.written_bytes,
+            "data_path": {
+                "mode": self.fs.path.mode,
+                "reason": self.fs.path.reason if not self.fs.path.active else None,
+                "passthrough_opens": self.fs.path.stats.passthrough_opens,
+                "daemon_opens": self.fs.path.stats.daemon_opens,
+                "daemon_bytes": self.fs.files.daemon_bytes,
+            },
             "fetched": {"bytes": self.fetch_stats.bytes, "files": self.fetch_stats.files},
             "retries": retry.retries,
             "errors": dict(retry.errors),

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from fsops import passthrough
+from fsops.passthrough import DAEMON, PASSTHROUGH
 from gateway.harness import Gateway
+
+DATA_PATHS = (PASSTHROUGH, DAEMON)
 
 HAVE_FUSE = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
 needs_fuse = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
@@ -80,15 +85,39 @@ def runtime_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 GatewayFactory = Callable[..., CheckedGateway]
 
 
+@pytest.fixture(params=DATA_PATHS)
+def data_path(request: pytest.FixtureRequest) -> str:
+    """Every mount test runs on both data paths (fsops.passthrough): the kernel's, where
+    this machine can do it, and the daemon's."""
+    if request.param == PASSTHROUGH and (why := passthrough.unavailable(True)) is not None:
+        pytest.skip(f"no FUSE passthrough here: {why}")
+    return str(request.param)
+
+
+def wait_data_path(gw: Gateway, mode: str, timeout: float = 10.0) -> None:
+    """The mount uses ``mode``: its log says so at INIT (or fail the test)."""
+    line = f"data path: {mode}"
+    log = gw.cache_dir / "ckptgw.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and line in log.read_text(errors="replace"):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the mount did not log {line!r}")
+
+
 @pytest.fixture
-def gateway(tmp_path: Path, runtime_dir: Path) -> Iterator[GatewayFactory]:
-    """Factory: ``gateway(name="a", store=None, *extra_args)`` -> a started CheckedGateway."""
+def gateway(tmp_path: Path, runtime_dir: Path, data_path: str) -> Iterator[GatewayFactory]:
+    """Factory: ``gateway(name="a", store=None, *extra_args)`` -> a started CheckedGateway,
+    on the test's data path (``data_path``)."""
     started: list[CheckedGateway] = []
 
     def make(
         name: str = "gw", *extra: str, store: str | None = None, start: bool = True
     ) -> CheckedGateway:
         store = store or f"file://{tmp_path / 'store'}"
+        if data_path == DAEMON:
+            extra = (*extra, "--no-passthrough")
         gw = CheckedGateway(
             tmp_path / name / "mnt",
             tmp_path / name / "cache",
@@ -99,6 +128,7 @@ def gateway(tmp_path: Path, runtime_dir: Path) -> Iterator[GatewayFactory]:
         started.append(gw)
         if start:
             gw.start()
+            wait_data_path(gw, data_path)
         return gw
 
     yield make

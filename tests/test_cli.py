@@ -97,7 +97,9 @@ def test_cache_dir_bound_to_another_store(gateway: GatewayFactory, tmp_path: Pat
 @needs_fuse
 def test_umount_of_a_busy_mount_keeps_it_mounted(gateway: GatewayFactory) -> None:
     gw = gateway()
-    with open(gw.mountpoint / "open", "wb"):
+    (gw.mountpoint / "open").write_bytes(b"x")
+    gw.cli("flush", "--wait", str(gw.mountpoint))
+    with open(gw.mountpoint / "open", "rb"):  # durable, but open
         r = gw.cli("umount", str(gw.mountpoint), check=False)
         assert_one_line_error(r, "busy")
     assert (gw.mountpoint / "open").exists()

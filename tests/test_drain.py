@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -282,13 +283,14 @@ def test_missing_bucket_warns_at_mount_and_keeps_the_data(
     gateway: GatewayFactory, s3_endpoint: str, s3_env: object, tmp_path: Path
 ) -> None:
     cfg = write_config(tmp_path / "d.toml", settle=0.1, permanent_retry=0.5)
+    bucket = f"late-bucket-{uuid.uuid4().hex[:12]}"  # made by no other test
     gw = gateway(
         "gw",
         "--config",
         str(cfg),
         "--endpoint-url",
         s3_endpoint,
-        store="s3://late-bucket-ckptgw/",
+        store=f"s3://{bucket}/",
         start=False,
     )
     r = gw.try_mount()
@@ -299,12 +301,12 @@ def test_missing_bucket_warns_at_mount_and_keeps_the_data(
     (gw.mountpoint / "kept.pt").write_bytes(b"written while the bucket was missing")
     time.sleep(1)
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
-    s3.create_bucket(Bucket="late-bucket-ckptgw")  # the cause is fixed: no remount needed
+    s3.create_bucket(Bucket=bucket)  # the cause is fixed: no remount needed
     wait_for(
         "the upload after the bucket exists",
-        lambda: s3.list_objects_v2(Bucket="late-bucket-ckptgw").get("KeyCount", 0) == 1,
+        lambda: s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 1,
     )
-    body = s3.get_object(Bucket="late-bucket-ckptgw", Key="kept.pt")["Body"].read()
+    body = s3.get_object(Bucket=bucket, Key="kept.pt")["Body"].read()
     assert body == b"written while the bucket was missing"
 
 

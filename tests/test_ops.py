@@ -60,7 +60,7 @@ def check_consistent(f: Filesystem) -> None:
 def write_file(f: Filesystem, parent: int, name: bytes, data: bytes) -> int:
     async def go() -> int:
         ino = f.namespace.create_file(parent, name, 0o644, ME)
-        fh = await f.files.open(ino, os.O_WRONLY)
+        fh, _ = await f.files.open(ino, os.O_WRONLY)
         await f.files.write(fh, 0, data)
         await f.files.fsync(fh, False)
         f.files.release(fh)
@@ -71,7 +71,7 @@ def write_file(f: Filesystem, parent: int, name: bytes, data: bytes) -> int:
 
 def read_file(f: Filesystem, inode: int) -> bytes:
     async def go() -> bytes:
-        fh = await f.files.open(f.table.get(inode), os.O_RDONLY)
+        fh, _ = await f.files.open(f.table.get(inode), os.O_RDONLY)
         try:
             return f.files.read(fh, 0, 1 << 30)
         finally:
@@ -96,7 +96,7 @@ def test_unaligned_and_aligned_writes_land_byte_for_byte(fs: Filesystem) -> None
 
     async def go() -> int:
         ino = fs.namespace.create_file(ROOT_INODE, b"mix", 0o644, ME)
-        fh = await fs.files.open(ino, os.O_RDWR)
+        fh, _ = await fs.files.open(ino, os.O_RDWR)
         pos = 0
         for n in (1, 4095, 4097, 1 << 20, 12345, 3 << 19, 77):
             await fs.files.write(fh, pos, payload[pos : pos + n])
@@ -201,7 +201,7 @@ def test_open_with_o_trunc(fs: Filesystem) -> None:
     ino = write_file(fs, ROOT_INODE, b"f", b"data")
 
     async def go() -> None:
-        fh = await fs.files.open(fs.table.get(ino), os.O_WRONLY | os.O_TRUNC)
+        fh, _ = await fs.files.open(fs.table.get(ino), os.O_WRONLY | os.O_TRUNC)
         fs.files.release(fh)
 
     trio.run(go)
@@ -218,7 +218,7 @@ def test_a_clean_file_becomes_dirty_with_a_new_generation_before_it_changes(
     gen = node.generation
 
     async def go() -> None:
-        fh = await fs.files.open(node, os.O_WRONLY)
+        fh, _ = await fs.files.open(node, os.O_WRONLY)
         await fs.files.write(fh, 0, b"v2")
         fs.files.release(fh)
 
@@ -356,7 +356,7 @@ def test_recovery_after_a_crash(tmp_path: Path) -> None:
     f.namespace.unlink(ROOT_INODE, b"orphan")  # still looked up: orphaned, not freed
 
     async def grow() -> None:  # written but never flushed to the journal
-        fh = await f.files.open(f.table.get(keep), os.O_WRONLY)
+        fh, _ = await f.files.open(f.table.get(keep), os.O_WRONLY)
         await f.files.write(fh, 10000, b"more")
 
     trio.run(grow)
