@@ -11,7 +11,7 @@ WRITER_METRICS = ["save stall (writers)", "time to durable (writers)"]
 
 
 def _series(rows: list[dict[str, Any]], metric: str) -> tuple[list[str], list[float], list[float]]:
-    picked = [r for r in rows if r["metric"] == metric]
+    picked = [r for r in rows if r["metric"] == metric and r.get("path") == rows[0].get("path")]
     return [r["x"] for r in picked], [r["base"] for r in picked], [r["gateway"] for r in picked]
 
 

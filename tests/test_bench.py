@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from fsops import passthrough
+from fsops.passthrough import DAEMON, PASSTHROUGH
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch]
 
@@ -47,9 +51,11 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     doc = json.loads((tmp_path / "out/suite.json").read_text())
-    got = {(row["metric"], row["x"]) for row in doc["rows"]}
-    assert got == {
+    paths = doc["settings"]["paths"]
+    assert DAEMON in paths and (PASSTHROUGH in paths) == (passthrough.unavailable(True) is None)
+    each = {
         ("save stall", "16 MiB"),
+        ("save CPU s/GiB", "16 MiB"),
         ("time to durable", "16 MiB"),
         ("drain CPU s/GiB", "16 MiB"),
         ("peak memory (MiB)", "16 MiB"),
@@ -61,6 +67,10 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
         ("save stall (writers)", "2"),
         ("time to durable (writers)", "2"),
     }
+    if os.geteuid() == 0:  # it drops the page cache
+        each.add(("cold read (cached)", "16 MiB"))
+    got = {(row["metric"], row["x"], row["path"]) for row in doc["rows"]}
+    assert got == {(m, x, p) for p in paths for m, x in each}
     for row in doc["rows"]:
         assert row["base"] > 0 and row["gateway"] > 0, row
         assert math.isclose(row["ratio"], row["gateway"] / row["base"])
