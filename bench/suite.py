@@ -1,7 +1,8 @@
 """`make bench`: the gateway against the limit, every figure measured in the same run.
 
 Everything runs on each data path of the mount (``--paths``, fsops.passthrough): the
-kernel's (passthrough, where this machine can) and the daemon's, one after the other.
+kernel's (passthrough, where this machine can) and the daemon's, one after the other; each
+section (a size, the DCP save, a writer count) on a moto server of its own.
 
 For each checkpoint size (256 MiB to 4 GiB by default):
 - save stall: ``torch.save`` + fsync + rename through the mount, against the same save into a
@@ -128,15 +129,24 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 class Bench:
-    def __init__(self, work: Path, endpoint: str, runs: int) -> None:
+    def __init__(
+        self,
+        work: Path,
+        endpoint: str,
+        runs: int,
+        path: str,
+        rows: list[Row],
+        samples: dict[str, Any],
+    ) -> None:
         self.work = work
+        work.mkdir()
         self.endpoint = endpoint
         self.runs = runs
         self.s3 = boto3.client("s3", endpoint_url=endpoint)
         self.s3.create_bucket(Bucket=BUCKET)
-        self.rows: list[Row] = []
-        self.samples: dict[str, Any] = {}
-        self.path = DAEMON  # the data path of the nodes started now
+        self.rows = rows
+        self.samples = samples
+        self.path = path  # the data path of the nodes started here
         self.disk = work / "disk"
         self.disk.mkdir()
         self.config = work / "gw.toml"
@@ -543,21 +553,34 @@ def main() -> None:
     info = machine(Path(args.workdir))
     say("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     t_start = time.monotonic()
-    rows: list[Row] = []
+    rows: list[Row] = []  # reported even if a later section fails
     samples: dict[str, Any] = {}
+    sections: list[tuple[str, Callable[[Bench], None]]] = []
+    for path in paths:
+        if only & {"save", "restore"}:
+            for size in (int(x) << 20 for x in args.sizes.split(",")):
+                restore = "restore" in only and size <= args.restore_max_mib << 20
+                sections.append((path, functools.partial(Bench.sizes, size=size, restore=restore)))
+        if "files" in only:
+            sections.append(
+                (
+                    path,
+                    functools.partial(
+                        Bench.many_files, total=args.dcp_mib << 20, tensors=args.dcp_tensors
+                    ),
+                )
+            )
+        if "writers" in only:
+            for n in (int(x) for x in args.writers.split(",")):
+                sections.append(
+                    (path, functools.partial(Bench.writers, n=n, shard=args.shard_mib << 20))
+                )
     try:
-        with moto_server() as endpoint:
-            b = Bench(work, endpoint, args.runs)
-            rows, samples = b.rows, b.samples  # reported even if a later section fails
-            for b.path in paths:
-                if only & {"save", "restore"}:
-                    for size in (int(x) << 20 for x in args.sizes.split(",")):
-                        b.sizes(size, "restore" in only and size <= args.restore_max_mib << 20)
-                if "files" in only:
-                    b.many_files(args.dcp_mib << 20, args.dcp_tensors)
-                if "writers" in only:
-                    for n in (int(x) for x in args.writers.split(",")):
-                        b.writers(n, args.shard_mib << 20)
+        for i, (path, section) in enumerate(sections):
+            # A moto server per section: it keeps every object in memory, and one server for
+            # every size on both paths ran out of it (24 GiB).
+            with moto_server() as endpoint:
+                section(Bench(work / f"section{i}", endpoint, args.runs, path, rows, samples))
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if rows:
