@@ -69,6 +69,7 @@ patch -s -p1 -d "$WORK/py/pyfuse3-$PYFUSE3" <"$HERE/pyfuse3-passthrough.patch"
 PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig LDFLAGS="-Wl,-rpath,$PREFIX/lib" \
     "$VENV/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps \
     "$WORK/py/pyfuse3-$PYFUSE3"
+"$VENV/bin/pip" install -q --disable-pip-version-check "trio >= 0.15"  # pyfuse3's dependency
 "$VENV/bin/python" -c 'import pyfuse3, sys; sys.exit(not hasattr(pyfuse3, "passthrough_open"))' \
     || { echo "fuse-passthrough: pyfuse3 did not build with passthrough" >&2; exit 1; }
 touch "$PREFIX/.built"
