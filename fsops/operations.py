@@ -216,7 +216,7 @@ class Operations(pyfuse3.Operations):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        if self.files.path.active:
+        if self.files.path.active and self.files.path.kernel_writes(True, False):
             await self.space.admit()  # before the name exists (a writer on the kernel's path)
         ino = self.ns.create_file(parent_inode, name, mode, ctx)
         return _file_info(*await self.files.open(ino, flags)), self.attrs(ino)
