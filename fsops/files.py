@@ -138,6 +138,7 @@ class OpenFiles:
         are open for writing on the kernel's path, learn what they wrote (charged to the
         cache) and keep room ahead of them by evicting clean files; and look after the disk
         reserve (:meth:`fsops.passthrough.Passthrough.check_room`). Idle otherwise."""
+        await self.path.initialized.wait()  # the mode is known at INIT, after the mount
         if not self.path.negotiated:
             return
         while True:

@@ -35,6 +35,7 @@ import platform
 from dataclasses import dataclass
 
 import pyfuse3
+import trio
 
 from fsops.cache import CacheFiles
 from fsops.inodes import Inode
@@ -106,6 +107,7 @@ class Passthrough:
         self.low = False  # the cache disk filled up: new writers take the daemon path
         self._registered = False  # a backing file registered at least once
         self.stats = PathStats()
+        self.initialized = trio.Event()  # set at INIT, once the mode is known
 
     @property
     def mode(self) -> str:
@@ -113,6 +115,7 @@ class Passthrough:
 
     def init(self) -> None:
         """Called at INIT: record what the kernel agreed to, and say it."""
+        self.initialized.set()
         if self.wanted:
             self.negotiated = self.active = bool(pyfuse3.passthrough_active())
             if not self.active:

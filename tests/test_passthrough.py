@@ -9,12 +9,15 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from fsops.passthrough import PASSTHROUGH
 from tests.conftest import GatewayFactory, needs_fuse
+from tests.test_drain import wait_for
 
 pytestmark = [needs_fuse, pytest.mark.parametrize("data_path", [PASSTHROUGH], indirect=True)]
 
@@ -150,3 +153,32 @@ def test_read_write_opens_and_a_cache_size_take_the_daemon_path(
         1,
     )
     assert path_st["daemon_bytes"] == 4096
+
+
+def test_the_daemon_learns_what_an_open_writer_wrote_without_a_request(
+    gateway: GatewayFactory,
+) -> None:
+    """The watcher (OpenFiles.watch) observes files open for writing on the kernel's path:
+    their growth is charged and counted while no FUSE request names them. The writer is a
+    process of its own: a descriptor of this one would be closed (a FLUSH) by every process
+    it starts, such as the status command."""
+    gw = gateway()
+    script = (
+        "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644); "
+        "os.write(fd, os.urandom(8 << 20)); print('written', flush=True); sys.stdin.read()"
+    )
+    writer = subprocess.Popen(
+        [sys.executable, "-c", script, str(gw.mountpoint / "open.bin")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "written"
+        wait_for(
+            "the watcher to observe the writes",
+            lambda: gw.status()["written_bytes"] >= 8 << 20,
+        )
+        assert gw.status()["cache"]["used"] >= 8 << 20
+    finally:
+        writer.communicate(timeout=30)
