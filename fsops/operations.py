@@ -12,6 +12,7 @@ import errno
 import functools
 import inspect
 import logging
+import os
 import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -216,7 +217,8 @@ class Operations(pyfuse3.Operations):
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        if self.files.path.active and self.files.path.kernel_writes(True, False):
+        rdwr = (flags & os.O_ACCMODE) == os.O_RDWR
+        if self.files.path.active and self.files.path.kernel_writes(True, rdwr):
             await self.space.admit()  # before the name exists (a writer on the kernel's path)
         ino = self.ns.create_file(parent_inode, name, mode, ctx)
         return _file_info(*await self.files.open(ino, flags)), self.attrs(ino)
