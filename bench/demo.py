@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from gateway.harness import Gateway, exit_on_sigterm
+from ckptgw.gateway.harness import Gateway, exit_on_sigterm
 
 HERE = Path(__file__).resolve().parent
 

@@ -55,9 +55,9 @@ from bench import baseline
 from bench.procs import cpu_seconds, peak_rss
 from bench.results import save
 from bench.workloads import dcp_save, save_atomic, state_dict
-from fsops import passthrough
-from fsops.passthrough import DAEMON, PASSTHROUGH
-from gateway.harness import Gateway, exit_on_sigterm
+from ckptgw.fsops import passthrough
+from ckptgw.fsops.passthrough import DAEMON, PASSTHROUGH
+from ckptgw.gateway.harness import Gateway, exit_on_sigterm
 from tests.s3server import moto_server
 
 PART = 16 << 20  # upload part size and parts in flight, for the gateway and boto3 alike

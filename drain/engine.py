@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 
 import trio
 
-from drain.checkpoints import DRAINING, DURABLE, LOCAL
-from drain.progress import DrainStats, UploadProgress
-from drain.retry import RetryStats
-from drain.scheduler import Hold, Ready, ScheduleConfig, Scheduler
-from drain.store import Store, StoreError
-from drain.storeops import StoreOps
-from drain.upload import Changed, UploadConfig, Uploader
-from fsops.filesystem import Filesystem
-from fsops.inodes import Inode
-from fsops.journal import InodeRow, State
+from ckptgw.drain.checkpoints import DRAINING, DURABLE, LOCAL
+from ckptgw.drain.progress import DrainStats, UploadProgress
+from ckptgw.drain.retry import RetryStats
+from ckptgw.drain.scheduler import Hold, Ready, ScheduleConfig, Scheduler
+from ckptgw.drain.store import Store, StoreError
+from ckptgw.drain.storeops import StoreOps
+from ckptgw.drain.upload import Changed, UploadConfig, Uploader
+from ckptgw.fsops.filesystem import Filesystem
+from ckptgw.fsops.inodes import Inode
+from ckptgw.fsops.journal import InodeRow, State
 
 log = logging.getLogger(__name__)
 

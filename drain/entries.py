@@ -16,12 +16,12 @@ import logging
 import stat
 import time
 
-from drain.store import ObjectInfo, Store, StoreError
-from fsops.inodes import Inode, InodeTable, fs_error
-from fsops.journal import InodeRow, State
-from fsops.objectmeta import EntryMeta, decode
-from fsops.state import FileStates
-from fsops.storekeys import StoreKeys
+from ckptgw.drain.store import ObjectInfo, Store, StoreError
+from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
+from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.objectmeta import EntryMeta, decode
+from ckptgw.fsops.state import FileStates
+from ckptgw.fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 import trio
 import xxhash
 
-from drain.entries import Entries
-from drain.store import NotFound, Stale, Store, StoreError
-from fsops.inodes import Inode, InodeTable, fs_error
-from fsops.journal import State
-from fsops.space import CacheSpace
-from fsops.state import FileStates
+from ckptgw.drain.entries import Entries
+from ckptgw.drain.store import NotFound, Stale, Store, StoreError
+from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
+from ckptgw.fsops.journal import State
+from ckptgw.fsops.space import CacheSpace
+from ckptgw.fsops.state import FileStates
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from typing import BinaryIO, TypeVar
 import trio
 import xxhash
 
-from drain.store import (
+from ckptgw.drain.store import (
     Listing,
     NotFound,
     ObjectInfo,
@@ -46,7 +46,7 @@ from drain.store import (
     is_marker,
     marker_error,
 )
-from drain.storeurl import StoreURL
+from ckptgw.drain.storeurl import StoreURL
 
 T = TypeVar("T")
 _INTERNAL = ".ckptgw-"

@@ -28,14 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from drain.checkpoints import DURABLE, FileView, Recognizer
-from drain.entries import read_meta
-from drain.retention import DELETE, TRANSITION, Candidate, Decision, Policy, plan
-from drain.store import Store, StoreError
-from fsops.filesystem import Filesystem
-from fsops.journal import State
-from fsops.names import RESERVED
-from fsops.objectmeta import SMALL_OBJECT
+from ckptgw.drain.checkpoints import DURABLE, FileView, Recognizer
+from ckptgw.drain.entries import read_meta
+from ckptgw.drain.retention import DELETE, TRANSITION, Candidate, Decision, Policy, plan
+from ckptgw.drain.store import Store, StoreError
+from ckptgw.fsops.filesystem import Filesystem
+from ckptgw.fsops.journal import State
+from ckptgw.fsops.names import RESERVED
+from ckptgw.fsops.objectmeta import SMALL_OBJECT
 
 log = logging.getLogger(__name__)
 

@@ -35,14 +35,14 @@ from dataclasses import dataclass
 
 import trio
 
-from drain.entries import Entries, read_meta
-from drain.store import Listing, ObjectInfo, Store, StoreError
-from fsops.inodes import Inode, InodeTable
-from fsops.journal import ROOT_INODE, InodeRow, State
-from fsops.names import RESERVED
-from fsops.objectmeta import SMALL_OBJECT, EntryMeta
-from fsops.state import FileStates
-from fsops.storekeys import StoreKeys
+from ckptgw.drain.entries import Entries, read_meta
+from ckptgw.drain.store import Listing, ObjectInfo, Store, StoreError
+from ckptgw.fsops.inodes import Inode, InodeTable
+from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
+from ckptgw.fsops.names import RESERVED
+from ckptgw.fsops.objectmeta import SMALL_OBJECT, EntryMeta
+from ckptgw.fsops.state import FileStates
+from ckptgw.fsops.storekeys import StoreKeys
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from drain.entries import Entries
-from drain.fetch import Fetcher
-from drain.listing import Listings
-from fsops.inodes import Inode
-from fsops.journal import InodeRow
+from ckptgw.drain.entries import Entries
+from ckptgw.drain.fetch import Fetcher
+from ckptgw.drain.listing import Listings
+from ckptgw.fsops.inodes import Inode
+from ckptgw.fsops.journal import InodeRow
 
 
 class ReadThrough:

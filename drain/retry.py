@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from drain.store import (
+from ckptgw.drain.store import (
     MAX_PART,
     Listing,
     NotFound,

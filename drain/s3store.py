@@ -31,7 +31,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.httpxsession import HttpxSession
 from aiobotocore.session import get_session
 
-from drain.store import (
+from ckptgw.drain.store import (
     MAX_COPY,
     Listing,
     NotFound,
@@ -44,7 +44,7 @@ from drain.store import (
     is_marker,
     marker_error,
 )
-from drain.storeurl import StoreURL
+from ckptgw.drain.storeurl import StoreURL
 
 CHUNK = 1 << 20
 CANCEL_WAIT = 5.0  # seconds a cancelled request may take to end on the asyncio side

@@ -34,7 +34,7 @@ from typing import NamedTuple, Protocol
 
 import trio
 
-from drain.store import StoreError
+from ckptgw.drain.store import StoreError
 
 log = logging.getLogger(__name__)
 

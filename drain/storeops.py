@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 
-from drain.retry import RetryStats
-from drain.scheduler import Scheduler
-from drain.store import NotFound, Store, StoreError
-from fsops.filesystem import Filesystem
-from fsops.journal import State, StoreOp
-from fsops.objectmeta import encode, updated
+from ckptgw.drain.retry import RetryStats
+from ckptgw.drain.scheduler import Scheduler
+from ckptgw.drain.store import NotFound, Store, StoreError
+from ckptgw.fsops.filesystem import Filesystem
+from ckptgw.fsops.journal import State, StoreOp
+from ckptgw.fsops.objectmeta import encode, updated
 
 log = logging.getLogger(__name__)
 

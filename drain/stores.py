@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from drain.filestore import FileStore
-from drain.store import Store
-from drain.storeurl import StoreURL
+from ckptgw.drain.filestore import FileStore
+from ckptgw.drain.store import Store
+from ckptgw.drain.storeurl import StoreURL
 
 
 @contextlib.asynccontextmanager
@@ -17,7 +17,7 @@ async def open_store(
     if url.scheme == "file":
         yield FileStore(url)
         return
-    from drain.s3store import S3Store  # botocore takes a second to import: only when needed
+    from ckptgw.drain.s3store import S3Store  # botocore takes a second to import: only when needed
 
     async with S3Store.open(url, endpoint_url, read_timeout=read_timeout) as store:
         yield store

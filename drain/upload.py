@@ -25,13 +25,13 @@ from dataclasses import dataclass
 import trio
 import xxhash
 
-from drain.progress import DrainStats, UploadProgress
-from drain.store import NotFound, Store, StoreError, part_size_for
-from fsops.inodes import Inode, InodeTable
-from fsops.journal import UploadRow
-from fsops.objectmeta import CHECKSUM, encode
-from fsops.state import FileStates
-from fsops.storekeys import StoreKeys
+from ckptgw.drain.progress import DrainStats, UploadProgress
+from ckptgw.drain.store import NotFound, Store, StoreError, part_size_for
+from ckptgw.fsops.inodes import Inode, InodeTable
+from ckptgw.fsops.journal import UploadRow
+from ckptgw.fsops.objectmeta import CHECKSUM, encode
+from ckptgw.fsops.state import FileStates
+from ckptgw.fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
 

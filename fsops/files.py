@@ -22,12 +22,12 @@ from dataclasses import dataclass
 
 import trio
 
-from fsops.cache import start_writeback
-from fsops.inodes import Inode, InodeTable, fs_error
-from fsops.journal import State
-from fsops.passthrough import Passthrough
-from fsops.space import CacheSpace
-from fsops.state import FileStates
+from ckptgw.fsops.cache import start_writeback
+from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
+from ckptgw.fsops.journal import State
+from ckptgw.fsops.passthrough import Passthrough
+from ckptgw.fsops.space import CacheSpace
+from ckptgw.fsops.state import FileStates
 
 
 @dataclass

@@ -11,20 +11,20 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from fsops.cache import CacheFiles
-from fsops.events import DrainEvents, NoDrain
-from fsops.files import OpenFiles
-from fsops.inodes import InodeTable
-from fsops.journal import Journal, JournalError
-from fsops.names import KeyRules
-from fsops.namespace import Namespace
-from fsops.operations import Operations
-from fsops.passthrough import Passthrough
-from fsops.recovery import RecoveryReport, recover
-from fsops.remote import LocalOnly, Remote
-from fsops.space import CacheSpace
-from fsops.state import FileStates
-from fsops.storekeys import StoreKeys
+from ckptgw.fsops.cache import CacheFiles
+from ckptgw.fsops.events import DrainEvents, NoDrain
+from ckptgw.fsops.files import OpenFiles
+from ckptgw.fsops.inodes import InodeTable
+from ckptgw.fsops.journal import Journal, JournalError
+from ckptgw.fsops.names import KeyRules
+from ckptgw.fsops.namespace import Namespace
+from ckptgw.fsops.operations import Operations
+from ckptgw.fsops.passthrough import Passthrough
+from ckptgw.fsops.recovery import RecoveryReport, recover
+from ckptgw.fsops.remote import LocalOnly, Remote
+from ckptgw.fsops.space import CacheSpace
+from ckptgw.fsops.state import FileStates
+from ckptgw.fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from fsops.cache import CacheFiles
-from fsops.journal import ROOT_INODE, InodeRow, Journal, State
+from ckptgw.fsops.cache import CacheFiles
+from ckptgw.fsops.journal import ROOT_INODE, InodeRow, Journal, State
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 
-from fsops.inodes import fs_error
+from ckptgw.fsops.inodes import fs_error
 
 NAME_MAX = 255
 KEY_MAX = 1024

@@ -24,13 +24,13 @@ from typing import Protocol
 
 import pyfuse3
 
-from fsops.inodes import Inode, InodeTable, fs_error
-from fsops.journal import InodeRow, Journal, State
-from fsops.names import KeyRules
-from fsops.objectmeta import xattrs_fit
-from fsops.space import CacheSpace
-from fsops.state import FileStates
-from fsops.storekeys import StoreKeys
+from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
+from ckptgw.fsops.journal import InodeRow, Journal, State
+from ckptgw.fsops.names import KeyRules
+from ckptgw.fsops.objectmeta import xattrs_fit
+from ckptgw.fsops.space import CacheSpace
+from ckptgw.fsops.state import FileStates
+from ckptgw.fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
 

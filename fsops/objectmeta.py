@@ -19,7 +19,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fsops.journal import InodeRow
+from ckptgw.fsops.journal import InodeRow
 
 CHECKSUM = "xxh3-128"
 XATTR_BUDGET = 1536

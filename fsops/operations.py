@@ -19,12 +19,12 @@ from typing import Any, TypeVar
 
 import pyfuse3
 
-from fsops.files import OpenFiles
-from fsops.inodes import Inode
-from fsops.journal import InodeRow, State
-from fsops.namespace import AttrChange, Namespace
-from fsops.remote import Remote
-from fsops.space import CacheSpace
+from ckptgw.fsops.files import OpenFiles
+from ckptgw.fsops.inodes import Inode
+from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.namespace import AttrChange, Namespace
+from ckptgw.fsops.remote import Remote
+from ckptgw.fsops.space import CacheSpace
 
 log = logging.getLogger(__name__)
 

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import pyfuse3
 import trio
 
-from fsops.cache import CacheFiles
-from fsops.inodes import Inode
-from fsops.journal import State
+from ckptgw.fsops.cache import CacheFiles
+from ckptgw.fsops.inodes import Inode
+from ckptgw.fsops.journal import State
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from fsops.cache import CacheFiles
-from fsops.journal import Journal, State
-from fsops.state import FileStates
+from ckptgw.fsops.cache import CacheFiles
+from ckptgw.fsops.journal import Journal, State
+from ckptgw.fsops.state import FileStates
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import errno
 from typing import Protocol
 
-from fsops.inodes import Inode, fs_error
-from fsops.journal import InodeRow, State
+from ckptgw.fsops.inodes import Inode, fs_error
+from ckptgw.fsops.journal import InodeRow, State
 
 
 class Remote(Protocol):

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import trio
 
-from fsops.cache import Room
-from fsops.inodes import Inode, InodeTable, fs_error
-from fsops.journal import InodeRow, State
-from fsops.state import FileStates
+from ckptgw.fsops.cache import Room
+from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
+from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.state import FileStates
 
 log = logging.getLogger(__name__)
 

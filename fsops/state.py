@@ -15,7 +15,7 @@ Every method takes the journal row or the in-memory inode and always changes the
 inode when there is one (so the two never disagree), and commits its change; called inside
 a journal transaction it joins that transaction.
 
-ARCHITECTURE.md's diagram is generated from :data:`TRANSITIONS` (``python -m fsops.state``)
+ARCHITECTURE.md's diagram is generated from :data:`TRANSITIONS` (``python -m ckptgw.fsops.state``)
 and a test checks that the two agree.
 """
 
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import trio
 
-from fsops.cache import Room
-from fsops.events import DrainEvents
-from fsops.inodes import Inode, InodeTable
-from fsops.journal import InodeRow, State
+from ckptgw.fsops.cache import Room
+from ckptgw.fsops.events import DrainEvents
+from ckptgw.fsops.inodes import Inode, InodeTable
+from ckptgw.fsops.journal import InodeRow, State
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ import uuid
 
 import trio
 
-from fsops.events import DrainEvents
-from fsops.inodes import Inode, InodeTable
-from fsops.journal import InodeRow, State, StoreOp
-from fsops.state import FileStates
+from ckptgw.fsops.events import DrainEvents
+from ckptgw.fsops.inodes import Inode, InodeTable
+from ckptgw.fsops.journal import InodeRow, State, StoreOp
+from ckptgw.fsops.state import FileStates
 
 RECENT = 600.0  # seconds a key stays in recently_stored / recently_removed
 

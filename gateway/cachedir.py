@@ -9,8 +9,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.errors import UserError
-from gateway.render import size
+from ckptgw.gateway.errors import UserError
+from ckptgw.gateway.render import size
 
 
 class CacheDirLock:

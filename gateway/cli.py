@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway import registry
-from gateway.client import (
+from ckptgw import __version__
+from ckptgw.gateway import registry
+from ckptgw.gateway.client import (
     Mount,
     NotDurable,
     NotRunning,
@@ -27,10 +28,10 @@ from gateway.client import (
     mounts,
     wait_until_durable,
 )
-from gateway.errors import UserError
-from gateway.mountpoint import FSTYPE, mounted_fstype, unmount
-from gateway.protocol import READY_FD_ENV
-from gateway.render import ProgressBar, plan_text, size, status_text, use_colour
+from ckptgw.gateway.errors import UserError
+from ckptgw.gateway.mountpoint import FSTYPE, mounted_fstype, unmount
+from ckptgw.gateway.protocol import READY_FD_ENV
+from ckptgw.gateway.render import ProgressBar, plan_text, size, status_text, use_colour
 
 MOUNT_TIMEOUT = 120.0
 EXIT_WAIT = 60.0  # after the unmount, how long the daemon may take to finish
@@ -41,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ckptgw", description="Checkpoint gateway: a FUSE write-back cache for ML training"
     )
+    p.add_argument("--version", action="version", version=f"ckptgw {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     m = sub.add_parser("mount", help="mount a gateway (returns once the mount is ready)")
@@ -146,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
-    from gateway.config import load_config  # loads the drain modules: only for mount
+    from ckptgw.gateway.config import load_config  # loads the drain modules: only for mount
 
     cfg = load_config(
         args.mountpoint,
@@ -159,7 +161,7 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
         foreground=args.foreground,
     )
     if args.foreground:
-        from gateway.daemon import run
+        from ckptgw.gateway.daemon import run
 
         return run(cfg)
     return _start_in_background(argv, cfg.mountpoint)
@@ -170,7 +172,7 @@ def _start_in_background(argv: list[str], mountpoint: Path) -> int:
     r, w = os.pipe()
     env = dict(os.environ, **{READY_FD_ENV: str(w)})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", *argv, "--foreground"],
+        [sys.executable, "-m", "ckptgw.gateway.cli", *argv, "--foreground"],
         pass_fds=(w,),
         env=env,
         stdin=subprocess.DEVNULL,

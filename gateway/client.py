@@ -1,6 +1,6 @@
 """Talking to running gateways from the CLI and from training code.
 
-    from gateway.client import wait_durable
+    from ckptgw.gateway.client import wait_durable
     torch.save(state, "/mnt/ckpt/step_100/model.pt")
     wait_durable("/mnt/ckpt/step_100", timeout=600)   # in the store, would survive the node
 
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway import registry
-from gateway.errors import UserError
-from gateway.mountpoint import FSTYPE, is_stale, mounted_fstype
-from gateway.protocol import PROTOCOL_VERSION, socket_address
-from gateway.render import size
+from ckptgw.gateway import registry
+from ckptgw.gateway.errors import UserError
+from ckptgw.gateway.mountpoint import FSTYPE, is_stale, mounted_fstype
+from ckptgw.gateway.protocol import PROTOCOL_VERSION, socket_address
+from ckptgw.gateway.render import size
 
 CONNECT_TIMEOUT = 30.0
 

@@ -72,11 +72,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from drain.checkpoints import DEFAULT_PATTERNS
-from drain.lifecycle import BucketRules, RunPolicy
-from drain.retention import Policy
-from drain.storeurl import StoreURL, StoreURLError, parse_store_url
-from gateway.errors import UserError
+from ckptgw.drain.checkpoints import DEFAULT_PATTERNS
+from ckptgw.drain.lifecycle import BucketRules, RunPolicy
+from ckptgw.drain.retention import Policy
+from ckptgw.drain.storeurl import StoreURL, StoreURLError, parse_store_url
+from ckptgw.gateway.errors import UserError
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

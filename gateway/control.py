@@ -36,7 +36,7 @@ from typing import Any
 
 import trio
 
-from gateway.protocol import PROTOCOL_VERSION, socket_address
+from ckptgw.gateway.protocol import PROTOCOL_VERSION, socket_address
 
 log = logging.getLogger(__name__)
 

@@ -28,30 +28,30 @@ from typing import Any
 import pyfuse3
 import trio
 
-from drain.checkpoints import Recognizer
-from drain.engine import DrainConfig, DrainEngine
-from drain.entries import Entries
-from drain.fetch import FetchConfig, Fetcher
-from drain.lifecycle import Lifecycle
-from drain.listing import ListingConfig, Listings
-from drain.readthrough import ReadThrough
-from drain.retry import RetryingStore, RetryPolicy, RetryStats
-from drain.scheduler import Scheduler
-from drain.store import StoreError
-from drain.stores import open_store
-from drain.upload import UploadConfig
-from fsops.filesystem import Filesystem, FsOptions
-from fsops.journal import JournalError
-from gateway import registry
-from gateway.cachedir import CacheDirLock, space_problem
-from gateway.client import entries
-from gateway.config import Config
-from gateway.control import ControlServer, RequestError, socket_path
-from gateway.errors import UserError
-from gateway.mountpoint import prepare_mountpoint
-from gateway.preemption import PreemptionWatcher, WatchConfig
-from gateway.protocol import READY_FD_ENV
-from gateway.status import PathError, Reporter
+from ckptgw.drain.checkpoints import Recognizer
+from ckptgw.drain.engine import DrainConfig, DrainEngine
+from ckptgw.drain.entries import Entries
+from ckptgw.drain.fetch import FetchConfig, Fetcher
+from ckptgw.drain.lifecycle import Lifecycle
+from ckptgw.drain.listing import ListingConfig, Listings
+from ckptgw.drain.readthrough import ReadThrough
+from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
+from ckptgw.drain.scheduler import Scheduler
+from ckptgw.drain.store import StoreError
+from ckptgw.drain.stores import open_store
+from ckptgw.drain.upload import UploadConfig
+from ckptgw.fsops.filesystem import Filesystem, FsOptions
+from ckptgw.fsops.journal import JournalError
+from ckptgw.gateway import registry
+from ckptgw.gateway.cachedir import CacheDirLock, space_problem
+from ckptgw.gateway.client import entries
+from ckptgw.gateway.config import Config
+from ckptgw.gateway.control import ControlServer, RequestError, socket_path
+from ckptgw.gateway.errors import UserError
+from ckptgw.gateway.mountpoint import prepare_mountpoint
+from ckptgw.gateway.preemption import PreemptionWatcher, WatchConfig
+from ckptgw.gateway.protocol import READY_FD_ENV
+from ckptgw.gateway.status import PathError, Reporter
 
 log = logging.getLogger("ckptgw")
 
@@ -461,7 +461,7 @@ async def _serve(
         if cfg.lifecycle_interval > 0 and cfg.retention:
             nursery.start_soon(_retention_timer, lifecycle, cfg.lifecycle_interval)
         if cfg.metrics_listen is not None:
-            from gateway.metrics import MetricsServer
+            from ckptgw.gateway.metrics import MetricsServer
 
             await nursery.start(MetricsServer(reporter, *cfg.metrics_listen).run)
         if cfg.preemption_provider != "off":

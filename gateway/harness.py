@@ -17,8 +17,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from gateway import registry
-from gateway.mountpoint import mounted_fstype
+from ckptgw.gateway import registry
+from ckptgw.gateway.mountpoint import mounted_fstype
 
 
 class GatewayError(RuntimeError):
@@ -53,7 +53,7 @@ class Gateway:
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         r = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", *args],
+            [sys.executable, "-m", "ckptgw.gateway.cli", *args],
             env=self.env,
             capture_output=True,
             text=True,

@@ -22,7 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gateway.status import Reporter
+from ckptgw.gateway.status import Reporter
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from gateway.errors import UserError
+from ckptgw.gateway.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drain.checkpoints import DURABLE, FileView, Recognizer
-from drain.engine import DrainEngine
-from drain.fetch import FetchStats
-from fsops.filesystem import Filesystem
-from fsops.journal import InodeRow, State
+from ckptgw.drain.checkpoints import DURABLE, FileView, Recognizer
+from ckptgw.drain.engine import DrainEngine
+from ckptgw.drain.fetch import FetchStats
+from ckptgw.fsops.filesystem import Filesystem
+from ckptgw.fsops.journal import InodeRow, State
 
 STATUS_VERSION = 1
 

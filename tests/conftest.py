@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from fsops import passthrough
-from fsops.passthrough import DAEMON, PASSTHROUGH
-from gateway.harness import Gateway
+from ckptgw.fsops import passthrough
+from ckptgw.fsops.passthrough import DAEMON, PASSTHROUGH
+from ckptgw.gateway.harness import Gateway
 
 DATA_PATHS = (PASSTHROUGH, DAEMON)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fsops import passthrough
-from fsops.passthrough import DAEMON, PASSTHROUGH
+from ckptgw.fsops import passthrough
+from ckptgw.fsops.passthrough import DAEMON, PASSTHROUGH
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch]
 

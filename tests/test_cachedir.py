@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cachedir import space_problem
-from gateway.config import parse_size
+from ckptgw.gateway.cachedir import space_problem
+from ckptgw.gateway.config import parse_size
 
 MiB = 1 << 20
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from drain.checkpoints import DRAINING, DURABLE, LOCAL, LOCAL_ONLY, FileView, Recognizer
+from ckptgw.drain.checkpoints import DRAINING, DURABLE, LOCAL, LOCAL_ONLY, FileView, Recognizer
 
 
 @pytest.mark.parametrize(

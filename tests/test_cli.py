@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from drain.storeurl import StoreURLError, parse_store_url
-from gateway.config import load_config, parse_size
-from gateway.errors import UserError
+from ckptgw.drain.storeurl import StoreURLError, parse_store_url
+from ckptgw.gateway.config import load_config, parse_size
+from ckptgw.gateway.errors import UserError
 from tests.conftest import GatewayFactory, needs_fuse
 
 
 def ckptgw(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
+        [sys.executable, "-m", "ckptgw.gateway.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,

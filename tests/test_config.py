@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import load_config
-from gateway.errors import UserError
+from ckptgw.gateway.config import load_config
+from ckptgw.gateway.errors import UserError
 
 SECTIONS = (
     "[store], [cache], [mount], [drain], [shutdown], [preemption], [metrics], [lifecycle], "

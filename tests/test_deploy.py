@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.cli import _parser
-from gateway.config import Config, load_config
-from gateway.harness import Gateway
+from ckptgw.gateway.cli import _parser
+from ckptgw.gateway.config import Config, load_config
+from ckptgw.gateway.harness import Gateway
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -99,7 +99,7 @@ def test_slurm_prolog_mounts_and_epilog_flushes_and_unmounts(tmp_path: Path) -> 
         f'[store]\nurl = "file://{store}"\n[cache]\ndir = "{cache}"\n[drain]\nsettle = 600.0\n'
     )  # only the epilog's flush drains
     wrapper = tmp_path / "ckptgw"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m gateway.cli "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m ckptgw.gateway.cli "$@"\n')
     wrapper.chmod(0o755)
     env_file = tmp_path / "slurm.env"
     env_file.write_text(
@@ -162,7 +162,7 @@ def test_slurm_prolog_fails_the_job_when_it_cannot_mount(tmp_path: Path) -> None
         f"CKPTGW={tmp_path / 'ckptgw'}\n"
     )
     wrapper = tmp_path / "ckptgw"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m gateway.cli "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m ckptgw.gateway.cli "$@"\n')
     wrapper.chmod(0o755)
     env = dict(
         os.environ,

@@ -20,18 +20,18 @@ import trio
 import trio.testing
 import xxhash
 
-from drain.engine import DrainConfig, DrainEngine
-from drain.entries import Entries
-from drain.filestore import FileStore
-from drain.listing import ListingConfig, Listings
-from drain.retry import RetryingStore, RetryPolicy, RetryStats
-from drain.scheduler import Scheduler
-from drain.store import Listing, Upload
-from drain.storeurl import parse_store_url
-from drain.upload import META_CHECKSUM, UploadConfig
-from fsops.filesystem import Filesystem, FsOptions
-from fsops.journal import ROOT_INODE, State
-from fsops.namespace import AttrChange
+from ckptgw.drain.engine import DrainConfig, DrainEngine
+from ckptgw.drain.entries import Entries
+from ckptgw.drain.filestore import FileStore
+from ckptgw.drain.listing import ListingConfig, Listings
+from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
+from ckptgw.drain.scheduler import Scheduler
+from ckptgw.drain.store import Listing, Upload
+from ckptgw.drain.storeurl import parse_store_url
+from ckptgw.drain.upload import META_CHECKSUM, UploadConfig
+from ckptgw.fsops.filesystem import Filesystem, FsOptions
+from ckptgw.fsops.journal import ROOT_INODE, State
+from ckptgw.fsops.namespace import AttrChange
 from tests.conftest import errno_of
 from tests.test_ops import ME
 
@@ -257,7 +257,7 @@ def test_an_upload_created_while_orphans_are_listed_is_not_aborted(
             await n.drained()
             assert (await n.stored("big.pt"))[0] == data
 
-    with caplog.at_level(logging.INFO, logger="drain.engine"):
+    with caplog.at_level(logging.INFO, logger="ckptgw.drain.engine"):
         run(test)
     assert "aborting orphaned upload" not in caplog.text
 
@@ -448,7 +448,7 @@ def test_a_file_renamed_during_its_upload_is_moved_once_complete(tmp_path: Path)
 def test_a_sparse_truncate_charges_nothing_and_a_huge_one_gets_the_disks_efbig(
     tmp_path: Path,
 ) -> None:
-    from fsops.namespace import AttrChange
+    from ckptgw.fsops.namespace import AttrChange
 
     probe = tmp_path / "probe"
     probe.write_bytes(b"")

@@ -268,8 +268,8 @@ def test_bucket_rules_round_trip_and_keep_other_rules(setup: Setup) -> None:
 
 
 def test_retention_and_pattern_config_errors_are_one_line(tmp_path: Path) -> None:
-    from gateway.config import load_config
-    from gateway.errors import UserError
+    from ckptgw.gateway.config import load_config
+    from ckptgw.gateway.errors import UserError
 
     cases = {
         "[[retention]]\nkeep_last = 2\n": "needs run",

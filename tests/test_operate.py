@@ -23,9 +23,9 @@ import boto3
 import jsonschema
 import pytest
 
-from gateway.client import NotDurable, wait_durable
-from gateway.harness import Gateway
-from gateway.registry import alive
+from ckptgw.gateway.client import NotDurable, wait_durable
+from ckptgw.gateway.harness import Gateway
+from ckptgw.gateway.registry import alive
 from tests.conftest import CheckedGateway, GatewayFactory, needs_fuse
 from tests.faultproxy import Fault, FaultProxy
 from tests.s3server import free_port

@@ -16,9 +16,9 @@ import pyfuse3
 import pytest
 import trio
 
-from fsops.filesystem import Filesystem, FsOptions
-from fsops.journal import ROOT_INODE, JournalError, State
-from fsops.namespace import AttrChange
+from ckptgw.fsops.filesystem import Filesystem, FsOptions
+from ckptgw.fsops.journal import ROOT_INODE, JournalError, State
+from ckptgw.fsops.namespace import AttrChange
 from tests.conftest import errno_of
 
 STORE = "file:///srv/store"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fsops.passthrough import PASSTHROUGH
+from ckptgw.fsops.passthrough import PASSTHROUGH
 from tests.conftest import GatewayFactory, needs_fuse
 from tests.test_drain import wait_for
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drain.retention import (
+from ckptgw.drain.retention import (
     DELETE,
     KEEP,
     MILESTONE,

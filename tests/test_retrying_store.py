@@ -18,8 +18,8 @@ import pytest
 import trio
 import trio.testing
 
-from drain.retry import ABORT_TIMEOUT, RetryingStore, RetryPolicy, RetryStats
-from drain.store import (
+from ckptgw.drain.retry import ABORT_TIMEOUT, RetryingStore, RetryPolicy, RetryStats
+from ckptgw.drain.store import (
     Listing,
     NotFound,
     ObjectInfo,
@@ -29,8 +29,8 @@ from drain.store import (
     Upload,
     check_copy,
 )
-from drain.stores import open_store
-from drain.storeurl import parse_store_url
+from ckptgw.drain.stores import open_store
+from ckptgw.drain.storeurl import parse_store_url
 
 POLICY = RetryPolicy(attempts=4, base=0.1, cap=1.0)
 Hook = Callable[[], Awaitable[None]]

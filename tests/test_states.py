@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from fsops.filesystem import Filesystem, FsOptions
-from fsops.inodes import Inode
-from fsops.journal import ROOT_INODE, State
-from fsops.state import TRANSITIONS, StateError, mermaid, table
+from ckptgw.fsops.filesystem import Filesystem, FsOptions
+from ckptgw.fsops.inodes import Inode
+from ckptgw.fsops.journal import ROOT_INODE, State
+from ckptgw.fsops.state import TRANSITIONS, StateError, mermaid, table
 from tests.test_ops import ME
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def call(fs: Filesystem, method: str, ino: Inode) -> None:
 
 @pytest.mark.parametrize("t", TRANSITIONS, ids=lambda t: f"{t.method}-{t.src}-{t.dst}")
 def test_every_transition_goes_where_it_says_and_is_journaled(fs: Filesystem, t: object) -> None:
-    from fsops.state import Transition
+    from ckptgw.fsops.state import Transition
 
     assert isinstance(t, Transition)
     if t.src is None:
@@ -108,7 +108,7 @@ def test_a_transition_from_a_state_it_does_not_start_from_is_refused_loudly(
         pytest.skip("allowed, or normal: dirty again (a write), or changed during the upload")
     ino = new_file(fs, state)
     before = journal_state(fs, ino)
-    with caplog.at_level(logging.ERROR, logger="fsops.state"), pytest.raises(StateError):
+    with caplog.at_level(logging.ERROR, logger="ckptgw.fsops.state"), pytest.raises(StateError):
         call(fs, method, ino)
     assert f"bug: {method} of inode {ino.id} in state {state.value} refused" in caplog.text
     assert (ino.state, ino.generation) == before == journal_state(fs, ino)
@@ -142,7 +142,7 @@ def test_finish_refuses_a_size_that_is_not_the_uploaded_one(
     fs: Filesystem, caplog: pytest.LogCaptureFixture
 ) -> None:
     ino = new_file(fs, State.UPLOADING)
-    with caplog.at_level(logging.ERROR, logger="fsops.state"):
+    with caplog.at_level(logging.ERROR, logger="ckptgw.fsops.state"):
         assert not fs.states.finish_upload(ino, ino.generation, ino.size + 1, "k", "e", "c")
     assert ino.state is State.DIRTY and "bug:" in caplog.text
 
@@ -178,5 +178,5 @@ def test_state_columns_are_written_in_fsops_state_only() -> None:
 
 def test_architecture_shows_the_state_machine_of_the_code() -> None:
     doc = (ROOT / "ARCHITECTURE.md").read_text()
-    assert mermaid() in doc, "regenerate with: python -m fsops.state"
-    assert table() in doc, "regenerate with: python -m fsops.state"
+    assert mermaid() in doc, "regenerate with: python -m ckptgw.fsops.state"
+    assert table() in doc, "regenerate with: python -m ckptgw.fsops.state"

@@ -15,10 +15,10 @@ import pytest
 import trio
 import trio.testing
 
-from drain.retry import RetryPolicy, RetryStats, retrying
-from drain.store import Listing, NotFound, Stale, Store, StoreError, part_size_for
-from drain.stores import open_store
-from drain.storeurl import parse_store_url
+from ckptgw.drain.retry import RetryPolicy, RetryStats, retrying
+from ckptgw.drain.store import Listing, NotFound, Stale, Store, StoreError, part_size_for
+from ckptgw.drain.stores import open_store
+from ckptgw.drain.storeurl import parse_store_url
 from tests.faultproxy import Fault, FaultProxy
 
 StoreFactory = Callable[[], AbstractAsyncContextManager[Store]]
@@ -421,7 +421,7 @@ def test_a_cancelled_s3_call_has_ended_on_the_asyncio_side_when_it_returns() -> 
     that PUT from our side."""
     import asyncio
 
-    from drain.s3store import LoopThread
+    from ckptgw.drain.s3store import LoopThread
 
     loop = LoopThread()
     events: list[str] = []

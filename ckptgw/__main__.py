@@ -1,0 +1,7 @@
+"""``python -m ckptgw``: the command line, as the ``ckptgw`` script."""
+
+import sys
+
+from ckptgw.gateway.cli import main
+
+sys.exit(main())
