@@ -117,6 +117,9 @@ class Config:
     store: StoreURL
     cache_dir: Path
     endpoint_url: str | None = None
+    # A store on this node's own disks (a file:// store not on a network filesystem) holds
+    # no copy that survives the node: the mount refuses one unless this is set.
+    allow_local_store: bool = False
     allow_other: bool = False
     writeback_cache: bool = True
     passthrough: bool = True
@@ -125,6 +128,7 @@ class Config:
     early_writeback: int = 8 << 20
     direct_io: bool = True
     log_level: str = "info"
+    log_file: Path | None = None  # None: <cache dir>/ckptgw.log
     foreground: bool = False
     settle: float = 0.2
     max_files: int = 4
@@ -151,7 +155,7 @@ class Config:
 
 # Every section and its keys, in the order of the example above.
 _KNOWN = {
-    "store": {"url", "endpoint_url", "listing_ttl"},
+    "store": {"url", "endpoint_url", "listing_ttl", "allow_local"},
     "cache": {
         "dir",
         "reserve",
@@ -176,7 +180,7 @@ _KNOWN = {
     "metrics": {"listen"},
     "lifecycle": {"interval", "abort_days", "storage_class", "transition_days", "patterns"},
     "retention": {"run", "keep_last", "keep_every", "min_age", "marker", "quiet"},
-    "log": {"level"},
+    "log": {"level", "file"},
 }
 _TABLE_LISTS = {"retention"}  # written [[retention]]: one table per run
 
@@ -235,6 +239,9 @@ def load_config(
     endpoint_url: str | None = None,
     allow_other: bool | None = None,
     passthrough: bool | None = None,
+    allow_local_store: bool | None = None,
+    log_level: str | None = None,
+    log_file: str | None = None,
     foreground: bool = False,
 ) -> Config:
     data = _read_toml(Path(config_file)) if config_file else {}
@@ -255,7 +262,7 @@ def load_config(
         raise UserError(str(e)) from None
 
     cdir = cache_dir or ca.get("dir") or str(cache_home() / _escape_path(mp))
-    level = str(lg.get("level", "info")).lower()
+    level = str(log_level or lg.get("level", "info")).lower()
     if level not in ("debug", "info", "warning", "error"):
         raise UserError(f"config: log.level = {level!r} is not debug, info, warning or error")
     timeout = mo.get("attr_timeout", 1.0)
@@ -274,6 +281,10 @@ def load_config(
         early_writeback=parse_size(ca.get("early_writeback", 8 << 20), "cache.early_writeback"),
         direct_io=bool(ca.get("direct_io", True)),
         log_level=level,
+        log_file=Path(os.path.abspath(lf)) if (lf := log_file or lg.get("file")) else None,
+        allow_local_store=bool(
+            allow_local_store if allow_local_store is not None else st.get("allow_local", False)
+        ),
         foreground=foreground,
         settle=_number(dr, "settle", 0.2, float),
         max_files=int(_number(dr, "max_files", 4, int, minimum=1)),

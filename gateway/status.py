@@ -47,9 +47,14 @@ class Reporter:
         engine: DrainEngine,
         fetch_stats: FetchStats,
         recognizer: Recognizer | None = None,
+        *,
+        store_local: bool = False,
     ) -> None:
         self.mountpoint = mountpoint
         self.store_url = store_url
+        # The store is on this node's own disks (--allow-local-store): its data is "durable
+        # (local store)", never plain durable, in every view.
+        self.store_local = store_local
         self.fs = fs
         self.engine = engine
         self.fetch_stats = fetch_stats
@@ -157,6 +162,7 @@ class Reporter:
             "version": STATUS_VERSION,
             "mountpoint": str(self.mountpoint),
             "store": self.store_url,
+            "store_local": self.store_local,
             "pid": os.getpid(),
             "uptime": round(now - self.started, 3),
             "mode": lc.mode,
