@@ -600,6 +600,19 @@ class Journal:
     def count_store_ops(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM store_ops").fetchone()[0])
 
+    def forget_store(self) -> tuple[int, int]:
+        """Drop every upload in progress, its parts and every pending store operation: they
+        name objects of a store this cache is no longer bound to. Returns (multipart uploads,
+        store operations) dropped."""
+        uploads = self.db.execute(
+            "SELECT count(*) FROM uploads WHERE upload_id IS NOT NULL"
+        ).fetchone()[0]
+        ops = self.count_store_ops()
+        self.db.execute("DELETE FROM parts")
+        self.db.execute("DELETE FROM uploads")
+        self.db.execute("DELETE FROM store_ops")
+        return int(uploads), ops
+
     def pending_keys(self) -> set[str]:
         """Keys that a pending store operation reads or writes."""
         rows = self.db.execute("SELECT src, dst FROM store_ops").fetchall()

@@ -70,6 +70,9 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition("fetched", REMOTE, CLEAN, "read-through: fetched whole and verified"),
     Transition("lost", CLEAN, DIRTY, "its object vanished before a move: upload again"),
     Transition("cache_file_missing", CLEAN, REMOTE, "recovery after a crash"),
+    Transition("rebind", DIRTY, DIRTY, "`ckptgw cache rebind`: the new store holds nothing yet"),
+    Transition("rebind", CLEAN, DIRTY, "`ckptgw cache rebind`: upload again, to the new store"),
+    Transition("rebind", REMOTE, DIRTY, "`ckptgw cache rebind` of a directory with entries here"),
 )
 
 _ALLOWED: dict[str, set[State | None]] = {}
@@ -238,6 +241,16 @@ class FileStates:
         """Recovery found no cache file for a clean file: the store still has it."""
         self._check("cache_file_missing", row)
         row.state = REMOTE
+        self._write(row)
+
+    def rebind(self, row: InodeRow) -> None:
+        """The cache is bound to another store (``ckptgw cache rebind``, never while mounted),
+        which holds none of it: the entry is dirty with a new generation and stored nowhere,
+        so the next mount uploads it there. An upload in progress was abandoned at recovery."""
+        row = self._current(row)
+        self._check("rebind", row)
+        row.state, row.generation = DIRTY, row.generation + 1
+        row.stored_key = row.stored_etag = row.checksum = None
         self._write(row)
 
     # -- where the store holds the content (no change of state) ---------------------------------

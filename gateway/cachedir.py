@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptgw.gateway.errors import UserError
+from ckptgw.gateway.mountpoint import existing_parent
 from ckptgw.gateway.render import size
 
 
@@ -72,7 +73,7 @@ def space_problem(
 
     The size is what the gateway's user may fill (``f_bavail`` when empty, so blocks that ext4
     keeps for root do not count), as in the room the cache charges writes against."""
-    st = os.statvfs(_existing(cache_dir))
+    st = os.statvfs(existing_parent(cache_dir))
     capacity = (st.f_blocks - (st.f_bfree - st.f_bavail)) * st.f_frsize
     free = st.f_bavail * st.f_frsize
     where = f"the filesystem of cache dir {cache_dir}"
@@ -98,13 +99,6 @@ def space_problem(
             fatal=False,
         )
     return None
-
-
-def _existing(path: Path) -> Path:
-    """``path`` or its nearest existing parent (the cache dir may not be created yet)."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def _setting(n: int) -> str:

@@ -69,7 +69,10 @@ class Gateway:
         with contextlib.suppress(OSError):  # a stale mount answers ENOTCONN: mount clears it
             self.mountpoint.mkdir(parents=True, exist_ok=True)
         args = ["mount", str(self.mountpoint), "--cache-dir", str(self.cache_dir)]
-        r = self.cli(*args, "--store", store or self.store, *self.extra_args, check=False)
+        url = store or self.store
+        # The tests, benchmarks and the demo use file:// stores in temp dirs on purpose.
+        local = ["--allow-local-store"] if url.startswith("file://") else []
+        r = self.cli(*args, "--store", url, *local, *self.extra_args, check=False)
         if r.returncode == 0 and (entry := self._entry()) is not None:
             self.pid = entry.pid
         return r

@@ -16,8 +16,9 @@ log = logging.getLogger(__name__)
 FSTYPE = "fuse.ckptgw"
 
 
-def _unescape(field: str) -> str:
-    # /proc/self/mounts escapes space, tab, newline and backslash as octal.
+def unescape(field: str) -> str:
+    """A field of /proc/self/mounts or mountinfo, whose space, tab, newline and backslash are
+    escaped as octal."""
     out, i = [], 0
     while i < len(field):
         if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
@@ -36,9 +37,16 @@ def mounted_fstype(path: Path) -> str | None:
     with open("/proc/self/mounts") as f:
         for line in f:
             parts = line.split()
-            if len(parts) >= 3 and _unescape(parts[1]) == target:
+            if len(parts) >= 3 and unescape(parts[1]) == target:
                 found = parts[2]  # the last one listed is the one on top
     return found
+
+
+def existing_parent(path: Path) -> Path:
+    """``path`` or its nearest existing parent (a cache dir or store not created yet)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def fusermount() -> str:

@@ -16,6 +16,7 @@ import boto3
 import pytest
 import xxhash
 
+from ckptgw.gateway.mountpoint import mounted_fstype
 from tests.conftest import CheckedGateway, GatewayFactory, needs_fuse
 from tests.faultproxy import Fault, FaultProxy
 
@@ -279,28 +280,44 @@ def test_a_part_that_keeps_failing_delays_only_its_file(drain: Callable[..., Dra
     assert "big.pt failed (" in log and "retrying in" in log
 
 
-def test_missing_bucket_warns_at_mount_and_keeps_the_data(
+def test_missing_bucket_fails_the_mount_with_what_to_fix(
     gateway: GatewayFactory, s3_endpoint: str, s3_env: object, tmp_path: Path
 ) -> None:
+    """A misspelled bucket would strand every checkpoint written to the mount: the mount is
+    refused with one line naming the bucket, and nothing is mounted."""
+    bucket = f"bukcet-{uuid.uuid4().hex[:12]}"  # made by no other test
+    gw = gateway("gw", "--endpoint-url", s3_endpoint, store=f"s3://{bucket}/run/", start=False)
+    gw.expect_errors = True  # the refusal is logged as an error
+    r = gw.try_mount()
+    assert r.returncode != 0
+    assert r.stderr.startswith("ckptgw: ") and r.stderr.count("\n") == 1, r.stderr
+    assert f"bucket {bucket!r} does not exist" in r.stderr and "check the bucket name" in r.stderr
+    assert mounted_fstype(gw.mountpoint.resolve()) is None
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    s3.create_bucket(Bucket=bucket)
+    gw.start()  # the name is right now
+    (gw.mountpoint / "a.pt").write_bytes(b"x")
+    gw.stop(drain=True)
+    assert s3.get_object(Bucket=bucket, Key="run/a.pt")["Body"].read() == b"x"
+
+
+def test_bucket_gone_after_mount_keeps_the_data_until_it_is_back(
+    gateway: GatewayFactory, s3_endpoint: str, s3_env: object, tmp_path: Path
+) -> None:
+    """A permanent error after the mount (the bucket deleted) keeps the data in the cache and
+    the drain retrying: once the cause is fixed the data drains, with no remount."""
     cfg = write_config(tmp_path / "d.toml", settle=0.1, permanent_retry=0.5)
     bucket = f"late-bucket-{uuid.uuid4().hex[:12]}"  # made by no other test
-    gw = gateway(
-        "gw",
-        "--config",
-        str(cfg),
-        "--endpoint-url",
-        s3_endpoint,
-        store=f"s3://{bucket}/",
-        start=False,
-    )
-    r = gw.try_mount()
-    assert r.returncode == 0
-    assert "warning" in r.stderr and "bucket does not exist" in r.stderr
-    assert r.stderr.count("\n") == 1
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    s3.create_bucket(Bucket=bucket)
+    gw = gateway("gw", "--config", str(cfg), "--endpoint-url", s3_endpoint, store=f"s3://{bucket}/")
+    s3.delete_bucket(Bucket=bucket)
     gw.expect_errors = True  # the failed uploads are logged as errors, by design
     (gw.mountpoint / "kept.pt").write_bytes(b"written while the bucket was missing")
-    time.sleep(1)
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    wait_for(
+        "the drain to fail on the missing bucket",
+        lambda: "bucket does not exist" in (gw.cache_dir / "ckptgw.log").read_text(),
+    )
     s3.create_bucket(Bucket=bucket)  # the cause is fixed: no remount needed
     wait_for(
         "the upload after the bucket exists",
@@ -310,7 +327,7 @@ def test_missing_bucket_warns_at_mount_and_keeps_the_data(
     assert body == b"written while the bucket was missing"
 
 
-def test_wrong_credentials_warn_at_mount_and_keep_the_data(
+def test_wrong_credentials_fail_the_mount_and_are_never_shown(
     gateway: GatewayFactory,
     s3_env: dict[str, str],
     tmp_path: Path,
@@ -322,14 +339,24 @@ def test_wrong_credentials_warn_at_mount_and_keep_the_data(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     with moto_server({"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as endpoint:
         gw = gateway("gw", "--endpoint-url", endpoint, store="s3://some-bucket/", start=False)
+        gw.expect_errors = True  # the refusal is logged as an error
         r = gw.try_mount()
-        assert r.returncode == 0 and "warning" in r.stderr and "credentials" in r.stderr
-        gw.expect_errors = True  # failed uploads are logged as errors, by design
-        (gw.mountpoint / "kept.pt").write_bytes(b"safe in the cache")
-        time.sleep(0.5)
-        gw.stop()
-        gw.start()
-        assert (gw.mountpoint / "kept.pt").read_bytes() == b"safe in the cache"
-        gw.stop()
+        assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
+        assert "check the credentials" in r.stderr and "not mounted" in r.stderr
+        assert mounted_fstype(gw.mountpoint.resolve()) is None
     log = (gw.cache_dir / "ckptgw.log").read_text()
     assert secret not in log and secret not in r.stderr
+
+
+def test_unreachable_default_endpoint_says_to_set_endpoint_url(
+    gateway: GatewayFactory, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --endpoint-url the store is AWS S3; where that cannot be reached (here: no
+    network) the user most likely meant an S3-compatible store."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    gw = gateway("gw", store="s3://some-bucket/", start=False)
+    gw.env.pop("AWS_ENDPOINT_URL", None)
+    gw.expect_errors = True  # the refusal is logged as an error
+    r = gw.try_mount()
+    assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
+    assert "set --endpoint-url" in r.stderr

@@ -1,0 +1,56 @@
+"""What a failed store check means for the user: something only they can fix, or something
+that may pass by itself.
+
+``mount`` (and ``doctor``) check the store before anything is written. A mount that went ahead
+against a misspelled bucket would take checkpoints that can never drain, so an error that
+will not pass by itself fails the mount with one line that says what to fix; one that may pass
+(the store unreachable for now, a 5xx) mounts with a warning, and the drain keeps retrying."""
+
+from __future__ import annotations
+
+from ckptgw.drain.store import StoreError
+from ckptgw.drain.storeurl import StoreURL
+
+# getaddrinfo's "no such name" (EAI_NONAME): the host name is wrong, not the network down
+# ("Temporary failure in name resolution", EAI_AGAIN, may pass).
+_NO_SUCH_HOST = ("Name or service not known", "nodename nor servname provided")
+
+_CREDENTIALS = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "NoCredentials",
+    "403",
+}
+
+
+def what_to_fix(e: StoreError, url: StoreURL, endpoint_url: str | None) -> str | None:
+    """What the user must change for ``e`` to go away, or None when it may pass by itself."""
+    if e.code == "NoSuchBucket":
+        where = endpoint_url or "AWS S3"
+        return (
+            f"bucket {url.bucket!r} does not exist at {where}: check the bucket name in "
+            "--store (or create the bucket)"
+        )
+    if e.code in _CREDENTIALS:
+        return (
+            "check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the "
+            "instance role) and that the bucket policy allows them"
+        )
+    if e.code in ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocation"):
+        return "the bucket is in another region: set AWS_REGION (or AWS_DEFAULT_REGION) to it"
+    if e.code == "Transport" and url.scheme == "s3":
+        if endpoint_url is None:
+            return (
+                "cannot reach AWS S3 at its default endpoint (check the network); for an "
+                "S3-compatible store "
+                "(MinIO, Ceph, ...) set --endpoint-url (store.endpoint_url, AWS_ENDPOINT_URL)"
+            )
+        if any(s in str(e) for s in _NO_SUCH_HOST):
+            return f"the host of --endpoint-url {endpoint_url} does not resolve: check the URL"
+        return None
+    if e.temporary:
+        return None
+    return "fix the store's settings (the error above says which)"
