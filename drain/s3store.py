@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import datetime
+import email.utils
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -302,6 +303,17 @@ class S3Store(Store):
             raise StoreError(
                 f"{what}: the bucket does not exist", temporary=False, code="NoSuchBucket"
             ) from None
+
+    async def server_date(self) -> float | None:
+        """The store's clock: the Date header of a HEAD of the bucket, in seconds since the
+        epoch; None if the server sent none. ``ckptgw doctor`` compares it with ours (S3
+        refuses requests signed more than 15 minutes off)."""
+        r = await self._call(f"reading the clock of bucket {self.bucket}", "head_bucket")
+        date = (r.get("ResponseMetadata", {}).get("HTTPHeaders") or {}).get("date")
+        try:
+            return email.utils.parsedate_to_datetime(str(date)).timestamp()
+        except (TypeError, ValueError):
+            return None
 
     async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
         if data and is_marker(key):  # S3 would take it; refused as FileStore must

@@ -1,0 +1,89 @@
+"""``ckptgw doctor``: check what a mount needs and say what is wrong, one line per check.
+
+The configuration is resolved as ``mount`` resolves it (:func:`gateway.config.load_config`),
+then this machine is checked (:mod:`gateway.hostcheck`: FUSE, passthrough, the cache disk,
+the mountpoint) and then the store (:mod:`gateway.storeprobe`). A config file that does not
+load is one failed line, and the rest is checked with the flags and defaults alone. Exit
+code 0 when no check failed (warnings and information do not fail), 1 otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+from ckptgw.gateway.config import Config, load_config
+from ckptgw.gateway.errors import UserError
+from ckptgw.gateway.hostcheck import (
+    FAIL,
+    OK,
+    Check,
+    cache_checks,
+    fuse_check,
+    mountpoint_check,
+    passthrough_check,
+)
+
+# Without a MOUNTPOINT, the defaults that depend on one (the cache dir) are those of this one.
+PLACEHOLDER = "/mnt/ckpt"
+
+
+def resolve(
+    mountpoint: str | None, config_file: str | None, **flags: Any
+) -> Generator[Check, None, Config | None]:
+    """The config as ``mount`` would load it; returns it (generator return) after the lines
+    about it: none without a config file, one with it, two if even the flags do not load."""
+    mp = mountpoint or PLACEHOLDER
+    try:
+        cfg = load_config(mp, config_file=config_file, **flags)
+    except UserError as e:
+        if config_file is None:
+            yield Check("config", FAIL, str(e))
+            return None
+        yield Check("config", FAIL, f"{e}; the checks below use the flags and defaults")
+        try:
+            return load_config(mp, **flags)
+        except UserError as e2:
+            yield Check("config", FAIL, str(e2))
+            return None
+    if config_file is not None:
+        yield Check("config", OK, f"config file {config_file} loads")
+    return cfg
+
+
+def checks(mountpoint: str | None, config_file: str | None = None, **flags: Any) -> Iterator[Check]:
+    """Every check, in order, as each is done."""
+    cfg: Config | None = yield from resolve(mountpoint, config_file, **flags)
+    yield fuse_check()
+    yield passthrough_check(cfg)
+    if cfg is not None:
+        yield from cache_checks(cfg)
+    if mountpoint is not None:
+        yield mountpoint_check(Path(os.path.abspath(mountpoint)))
+    if cfg is not None:
+        from ckptgw.gateway.storeprobe import store_checks  # botocore: only now
+
+        yield from store_checks(cfg)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``ckptgw doctor``: print the checks (as they are done, or a JSON list at the end)."""
+    found: list[Check] = []
+    for c in checks(
+        args.mountpoint,
+        args.config,
+        store=args.store,
+        cache_dir=args.cache_dir,
+        endpoint_url=args.endpoint_url,
+        allow_local_store=args.allow_local_store,
+    ):
+        found.append(c)
+        if not args.json:
+            print(c.line(), flush=True)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(c) for c in found], indent=2))
+    return 1 if any(c.status == FAIL for c in found) else 0
