@@ -37,6 +37,9 @@ class FileView:
     size: int
     state: str  # LOCAL, DRAINING or DURABLE
     mtime: float
+    # DRAINING for a store operation only: the store has this content already, under the
+    # file's old name (a move to its name is pending) or with old metadata (an update is).
+    moving: bool = False
 
 
 @dataclass
@@ -51,8 +54,22 @@ class CheckpointView:
 
     @property
     def local_bytes(self) -> int:
-        """Bytes not yet durable."""
-        return sum(f.size for f in self.files if f.state != DURABLE)
+        """Bytes of files whose content the store lacks (dirty or uploading): only on this
+        node. Not "bytes in the cache": a checkpoint the store holds has none, however much of
+        it is cached. Each file counts once; a file waiting only for a move counts in
+        :attr:`moving_bytes` instead, so over all checkpoints this is status's dirty_bytes."""
+        return sum(f.size for f in self.files if f.state != DURABLE and not f.moving)
+
+    @property
+    def moves(self) -> int:
+        """Files whose content is in the store, waiting for a store operation (a move to
+        their name, an update of their metadata) to be durable."""
+        return sum(f.moving for f in self.files)
+
+    @property
+    def moving_bytes(self) -> int:
+        """The bytes of :attr:`moves`: stored already, not sent again."""
+        return sum(f.size for f in self.files if f.moving)
 
     @property
     def mtime(self) -> float:

@@ -103,6 +103,10 @@ class DrainEngine:
     def running(self) -> list[UploadProgress]:
         return list(self._progress.values())
 
+    def upload_of(self, inode: int) -> UploadProgress | None:
+        """The upload of ``inode`` under way, if any."""
+        return self._progress.get(inode)
+
     def durability(self, row: InodeRow, moving: set[str]) -> str:
         """The one definition of durable. A file is ``durable`` when the store holds its
         current content under its current path: it is clean (or only in the store) and no

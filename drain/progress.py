@@ -46,15 +46,24 @@ class DrainStats:
     part_seconds: Histogram = field(default_factory=Histogram)  # per part or single PUT
 
 
+# What an upload is doing (UploadProgress.phase), in order.
+CHECKSUM = "checksum"  # reading the file for its xxh3 (the metadata needs it first)
+SENDING = "sending"  # single PUT or parts
+COMPLETING = "completing"  # every part is there; CompleteMultipartUpload is under way
+
+
 @dataclass
 class UploadProgress:
-    """One upload in progress."""
+    """One upload in progress. ``key`` is where it writes: the file's key when it began, which
+    a rename meanwhile does not change (the object is moved once complete)."""
 
     inode: int
     key: str
     size: int = 0
     sent: int = 0  # bytes in the store for this upload, including resumed parts
     resumed: int = 0  # of those, sent before this attempt (by an earlier run or attempt)
+    in_flight: int = 0  # bytes of parts (or the PUT) being sent now, not counted in ``sent``
+    phase: str = CHECKSUM
     started: float = field(default_factory=time.monotonic)
 
     @property

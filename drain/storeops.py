@@ -79,6 +79,7 @@ class StoreOps:
             etag = await self.store.copy(op.src, op.dst)
         except NotFound:
             if await self.store.head(op.dst) is not None:
+                log.info("moved %s -> %s (before a restart)", op.src, op.dst)
                 return  # done before a crash: the copy landed and src was deleted
             self._lost_source(op)
             return
@@ -88,6 +89,7 @@ class StoreOps:
             # so that listings do not mistake our own object for someone else's.
             self.fs.states.etag_changed(row, etag)
         await self.store.delete(op.src)
+        log.info("moved %s -> %s", op.src, op.dst)
 
     async def _update_metadata(self, op: StoreOp) -> None:
         found = self.journal.stored_at(op.src)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import trio
 import xxhash
 
-from ckptgw.drain.progress import DrainStats, UploadProgress
+from ckptgw.drain.progress import COMPLETING, SENDING, DrainStats, UploadProgress
 from ckptgw.drain.store import NotFound, Store, StoreError, part_size_for
 from ckptgw.fsops.inodes import Inode, InodeTable
 from ckptgw.fsops.journal import UploadRow
@@ -123,7 +123,12 @@ class Uploader:
     ) -> str:
         """One part or single PUT, timed and counted."""
         t0 = trio.current_time()
-        result = await call()
+        progress.phase = SENDING
+        progress.in_flight += nbytes
+        try:
+            result = await call()
+        finally:
+            progress.in_flight -= nbytes
         self.drained.part_seconds.observe(trio.current_time() - t0)
         self.drained.bytes += nbytes
         progress.sent += nbytes
@@ -154,6 +159,7 @@ class Uploader:
             t0 = trio.current_time()
             checksum = await trio.to_thread.run_sync(_hash_file, fd, size)
             _check(ino, generation)
+            progress.phase = SENDING
             if record is not None and record.checksum != checksum:
                 # Written since those parts were sent, in the same generation (a dirty file
                 # takes writes without a new one, e.g. after a failed attempt): start over.
@@ -286,6 +292,7 @@ class Uploader:
         )
         etags = [done[n] for n in range(1, count + 1)]
         _check(ino, record.generation)
+        progress.phase = COMPLETING
         return await self.store.complete_multipart(record.key, record.upload_id or "", etags)
 
     # -- the journal -------------------------------------------------------------------------------
@@ -316,6 +323,7 @@ class Uploader:
                 )
             )
             if clean and key != record.key:  # renamed while uploading: complete, then move
+                log.info("%s was renamed to %s while it was uploaded: moving it", record.key, key)
                 self.journal.add_store_op("move", record.key, key, etag)
                 self.keys.events.store_ops_added()
             elif not clean:  # written, unlinked or overtaken meanwhile

@@ -22,6 +22,8 @@ from ckptgw.gateway import registry
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import FSTYPE, is_stale, mounted_fstype
 from ckptgw.gateway.protocol import PROTOCOL_VERSION, socket_address
+from ckptgw.gateway.render import entries as entries  # re-exported: the CLI words counts
+from ckptgw.gateway.render import files as files
 from ckptgw.gateway.render import size
 
 CONNECT_TIMEOUT = 30.0
@@ -131,20 +133,6 @@ def mount_at(mountpoint: str | os.PathLike[str]) -> Mount:
 
 
 Progress = Callable[[dict[str, Any]], None]
-
-
-def files(n: int) -> str:
-    return f"{n} file" if n == 1 else f"{n} files"
-
-
-def entries(pending: dict[str, Any]) -> str:
-    """A ``pending`` answer's count: "2 files", "1 file and 1 directory"."""
-    dirs = int(pending.get("directories", 0))
-    rest = int(pending["count"]) - dirs
-    parts = [files(rest)] if rest or not dirs else []
-    if dirs:
-        parts.append(f"{dirs} director{'y' if dirs == 1 else 'ies'}")
-    return " and ".join(parts)
 
 
 def describe(pending: dict[str, Any]) -> str:

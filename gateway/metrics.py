@@ -97,8 +97,12 @@ class GatewayCollector(Collector):
         )
         yield h
         yield gauge("cache_used_bytes", "Bytes the cache files hold", cache["used"])
-        if cache["limit"] is not None:
-            yield gauge("cache_limit_bytes", "cache.size", cache["limit"])
+        yield gauge(
+            "cache_limit_bytes",
+            "The most the cache files may hold: cache.size, or where it is unset the cache "
+            "disk's size less cache.reserve",
+            cache["limit"] if cache["limit"] is not None else r.fs.space.capacity(),
+        )
         yield gauge("cache_free_bytes", "Room for new data", cache["free"])
         yield counter("evictions", "Clean files evicted from the cache", cache["evictions"])
         yield counter("evicted_bytes", "Bytes evicted from the cache", cache["evicted_bytes"])

@@ -5,7 +5,10 @@ Faults apply to the next ``count`` requests whose method and path match:
 * ``slowdown``: answer 503 SlowDown with ``Retry-After`` instead of forwarding;
 * ``reset``: read the request head and half the body, then reset the connection;
 * ``stall``: hold the request for ``seconds`` before forwarding it (beyond a client timeout,
-  the client gives up and retries).
+  the client gives up and retries);
+* ``hold``: hold the request (its body read) until the test calls ``release()``, or for
+  ``seconds`` (default 50, under the client's read timeout): an upload seen mid-way without
+  depending on timing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ class Fault:
     count: int = 1
     seconds: float = 0.0
     hits: int = 0
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        self.released.set()
 
     def matches(self, method: str, path: str) -> bool:
         return (
@@ -162,6 +169,9 @@ class FaultProxy:
                 if fault is not None and fault.kind == "stall":
                     self.log.append((m, p, "stall"))
                     time.sleep(fault.seconds)
+                elif fault is not None and fault.kind == "hold":
+                    self.log.append((m, p, "hold"))
+                    fault.released.wait(fault.seconds or 50.0)
                 else:
                     self.log.append((m, p, "ok"))
                 if upstream is None:
