@@ -7,14 +7,24 @@ The plan for a run (a path in the mount with a retention policy) comes from two 
   version of). They make their checkpoint "not durable", so retention never touches it.
 
 Checkpoints are grouped by :class:`~drain.checkpoints.Recognizer`; pins are empty objects under
-``<prefix>.ckptgw-pins/<path>``, so every node sees the same pins. A directory's marker object
-belongs to the checkpoint it is in (and goes with it), but a checkpoint of markers only (a
-``step_N/`` made before its files) is never complete. A symlink of the run outside the
-checkpoints (``last.ckpt``, ``best.ckpt``) whose relative target is in a checkpoint keeps that
-checkpoint: deleting it would leave the link dangling, on every node. Applying a plan deletes each
-doomed checkpoint's objects in batches, then drops it from this node's namespace and cache
-(other nodes drop it at their next listing), and tags milestones ``ckptgw-class=milestone``
-for the bucket's transition rule.
+``<prefix>.ckptgw-pins/<path>``, so every node sees the same pins. Only a checkpoint that exists
+is pinned: one with files only in this node's cache, or at least one object in the store.
+Status reads the pins from a copy kept here (updated by pin, unpin, every listing of them and
+the background listing of :class:`~drain.catalog.StoreCatalog`), never from the store.
+
+A directory's marker object belongs to the checkpoint it is in (and goes with it), but a
+checkpoint of markers only (a ``step_N/`` made before its files) is never complete. A symlink
+of the run outside the checkpoints (``last.ckpt``, ``best.ckpt``) whose relative target is in
+a checkpoint keeps that checkpoint: deleting it would leave the link dangling, on every node.
+Applying a plan deletes each doomed checkpoint's objects in batches, then drops it from this
+node's namespace and cache (other nodes drop it at their next listing), and tags milestones
+``ckptgw-class=milestone`` for the bucket's transition rule (only when
+``lifecycle.storage_class`` names a class to move them to: without one a milestone is only
+kept).
+
+A checkpoint is complete when its marker (``retention.marker``) is in the store, or, without a
+marker, when it has been quiet for ``retention.quiet`` seconds; until then the plan and status
+say which of the two it waits for.
 """
 
 from __future__ import annotations
@@ -28,6 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import trio
+
+from ckptgw.drain.catalog import CheckpointFile as _File
+from ckptgw.drain.catalog import StoreCatalog, list_files
 from ckptgw.drain.checkpoints import DURABLE, FileView, Recognizer
 from ckptgw.drain.entries import read_meta
 from ckptgw.drain.retention import DELETE, TRANSITION, Candidate, Decision, Policy, plan
@@ -60,15 +74,6 @@ class BucketRules:
 
 
 @dataclass
-class _File:
-    path: str  # relative to the mount's root
-    key: str | None  # the object, if the store has this file
-    size: int
-    durable: bool
-    mtime: float
-
-
-@dataclass
 class CheckpointPlan:
     run: str
     decision: Decision
@@ -97,6 +102,8 @@ class Lifecycle:
         rules: BucketRules,
         local_files: Callable[[str], list[FileView]],
         recognizer: Recognizer | None = None,
+        *,
+        listing_ttl: float = 5.0,
     ) -> None:
         self.fs = fs
         self.store = store
@@ -105,6 +112,24 @@ class Lifecycle:
         self.rules = rules
         self.local_files = local_files  # durability of this node's files under a path
         self.recognizer = recognizer or Recognizer()
+        self.catalog = StoreCatalog(
+            store, self.prefix, self.recognizer, [r.run for r in runs], ttl=listing_ttl
+        )
+        # The pins as last seen (path -> when pinned), for status: it never asks the store.
+        self.pinned: dict[str, float] = {}
+        self.pins_listed_at: float | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep the pins and the store's checkpoints listed for status: once at the start,
+        then whenever status asks for a listing older than the TTL."""
+        task_status.started()
+        while True:
+            try:
+                await self.pins()
+            except StoreError as e:
+                log.warning("listing the pins failed: %s", e)
+            await self.catalog.refresh()
+            await self.catalog.asked()
 
     # -- pins --------------------------------------------------------------------------------------
 
@@ -113,25 +138,65 @@ class Lifecycle:
 
     async def pins(self) -> set[str]:
         start = f"{self.prefix}{PINS}"
-        return {o.key[len(start) :] async for o in self.store.iter_objects(start)}
+        found = {o.key[len(start) :]: o.mtime async for o in self.store.iter_objects(start)}
+        self.pinned, self.pins_listed_at = found, time.time()
+        return set(found)
 
-    async def pin(self, path: str) -> None:
-        key = self._pin_key(path)
-        await self.store.put(key, b"", {"pinned-at": str(time.time())})
+    async def pin(self, path: str) -> str:
+        """Pin a checkpoint that exists; returns where it is (see :meth:`where`)."""
+        path = path.strip("/")
+        where = await self.where(path)
+        if where is None:
+            raise LookupError(
+                f"{path}: no such checkpoint, neither in this node's cache nor in the store "
+                "(nothing pinned; ckptgw status lists the checkpoints)"
+            )
+        await self.store.put(self._pin_key(path), b"", {"pinned-at": str(time.time())})
+        self.pinned[path] = time.time()
+        return where
 
-    async def unpin(self, path: str) -> None:
+    async def unpin(self, path: str) -> bool:
+        """Remove a pin; returns whether there was one."""
+        path = path.strip("/")
         key = self._pin_key(path)
-        await self.store.delete(key)
+        was = await self.store.head(key) is not None
+        if was:
+            await self.store.delete(key)
+        self.pinned.pop(path, None)
+        return was
+
+    async def where(self, path: str) -> str | None:
+        """Where a checkpoint is: "local" (files only in this node's cache), "store" (at least
+        one object), "both", or None (nowhere: never written, or deleted)."""
+        path = path.strip("/")
+        local = any(v.state != DURABLE for v in self.local_files(path))
+        stored = await self.store.head(self.prefix + path) is not None
+        if not stored:
+            files, _ = await list_files(self.store, self.prefix, path, 1)
+            stored = bool(files)
+        if local and stored:
+            return "both"
+        return "local" if local else "store" if stored else None
+
+    async def pin_views(self) -> list[dict[str, Any]]:
+        """Every pin, listed from the store now, and where its checkpoint is (None: gone)."""
+        await self.pins()
+        return [
+            {"path": path, "pinned_at": at or None, "where": await self.where(path)}
+            for path, at in sorted(self.pinned.items())
+        ]
 
     # -- planning ----------------------------------------------------------------------------------
 
     async def _files(self, run: RunPolicy) -> dict[str, _File]:
-        out: dict[str, _File] = {}
-        start = f"{self.prefix}{run.run}/"
-        async for o in self.store.iter_objects(start):
-            rel = o.key[len(self.prefix) :]
-            out[rel] = _File(rel, o.key, o.size, True, o.mtime)
-        for v in self.local_files(run.run):
+        stored, _ = await list_files(self.store, self.prefix, run.run, None)
+        self.catalog.put(run.run, stored, False)
+        return self.merge(stored, self.local_files(run.run))
+
+    def merge(self, stored: list[_File], local: list[FileView]) -> dict[str, _File]:
+        """The store's files, with this node's that are not durable in their place."""
+        out = {f.path: f for f in stored}
+        for v in local:
             known = out.get(v.path)
             if v.state != DURABLE:
                 out[v.path] = _File(v.path, known.key if known else None, v.size, False, v.mtime)
@@ -174,16 +239,41 @@ class Lifecycle:
             log.warning("retention: cannot read %s (%s); its target is not kept for it", f.key, e)
             return None
 
-    def _complete(self, run: RunPolicy, path: str, files: list[_File], now: float) -> bool:
+    def _complete(
+        self, run: RunPolicy, path: str, files: list[_File], now: float
+    ) -> tuple[bool, str]:
+        """Whether a checkpoint is complete, and if not, what that waits for."""
         if not all(f.durable for f in files):
-            return False
+            return False, "files not in the store yet"
         if all(f.path.endswith("/") for f in files):
-            return False  # directory markers only: made before its files
+            return False, "only its directory is in the store, none of its files"
         if len(files) == 1 and files[0].path == path:
-            return True  # a single-file checkpoint: complete once it is in the store
+            return True, ""  # a single-file checkpoint: complete once it is in the store
         if run.marker:
-            return any(fnmatch.fnmatch(posixpath.basename(f.path), run.marker) for f in files)
-        return now - max(f.mtime for f in files) >= run.quiet
+            if any(fnmatch.fnmatch(posixpath.basename(f.path), run.marker) for f in files):
+                return True, ""
+            return False, f"marker {run.marker} not in the store yet"
+        left = run.quiet - (now - max(f.mtime for f in files))
+        if left <= 0:
+            return True, ""
+        return False, (
+            f"quiet for {max(1, round(left))} s more, "
+            "or add a marker (retention.marker, e.g. .metadata)"
+        )
+
+    def run_of(self, path: str) -> RunPolicy | None:
+        """The retention run a checkpoint is in, if any."""
+        return next((r for r in self.runs if path.startswith(r.run + "/")), None)
+
+    def judge(self, path: str, local: list[FileView], now: float) -> tuple[bool, str] | None:
+        """For status, from memory: whether a checkpoint is complete (and what it waits for),
+        from the last listing of the store and this node's files; None outside every run."""
+        run = self.run_of(path)
+        if run is None:
+            return None
+        stored = self.catalog.checkpoints().get(path)
+        files = list(self.merge(stored.files if stored else [], local).values())
+        return self._complete(run, path, files, now) if files else None
 
     async def plan(self, run_filter: str | None = None) -> list[CheckpointPlan]:
         runs = [r for r in self.runs if run_filter is None or r.run == run_filter.strip("/")]
@@ -203,21 +293,23 @@ class Lifecycle:
                 if step is not None:
                     groups.setdefault(path, []).append(f)
                     steps[path] = step
-            cands = [
-                Candidate(
-                    path=path,
-                    step=steps[path],
-                    mtime=max(f.mtime for f in files),
-                    durable=all(f.durable for f in files),
-                    complete=self._complete(run, path, files, now),
-                    pinned=path in pins,
-                    linked_by=links.get(path, ""),
+            cands = []
+            for path, members in groups.items():
+                complete, waiting = self._complete(run, path, members, now)
+                cands.append(
+                    Candidate(
+                        path=path,
+                        step=steps[path],
+                        mtime=max(f.mtime for f in members),
+                        durable=all(f.durable for f in members),
+                        complete=complete,
+                        pinned=path in pins,
+                        linked_by=links.get(path, ""),
+                        waiting=waiting,
+                    )
                 )
-                for path, files in groups.items()
-            ]
-            out += [
-                CheckpointPlan(run.run, d, groups[d.path]) for d in plan(cands, run.policy, now)
-            ]
+            decisions = plan(cands, run.policy, now, transition=bool(self.rules.storage_class))
+            out += [CheckpointPlan(run.run, d, groups[d.path]) for d in decisions]
         return out
 
     # -- applying ----------------------------------------------------------------------------------
@@ -232,6 +324,7 @@ class Lifecycle:
                 if any(not f.durable for f in p.files):
                     raise AssertionError(f"plan would delete {p.decision.path}, not durable")
                 await self._delete(p.decision.path, keys)
+                self.catalog.forget(p.decision.path)
                 dropped += self._forget_local(p.decision.path, set(keys))
                 deleted += 1
                 log.info("retention: deleted %s (%s)", p.decision.path, p.decision.reason)

@@ -12,8 +12,12 @@ The invariants, whatever the policy says:
 5. Incomplete checkpoints are never judged (kept), and nothing younger than ``min_age`` goes.
 
 Everything else beyond the ``keep_last`` newest complete durable checkpoints is deleted.
-Milestones that are kept are marked ``transition``: their objects get the tag
-``ckptgw-class=milestone``, which the bucket's lifecycle rules move to a cheaper class.
+Milestones that are kept are marked ``transition`` when there is a class to move them to
+(``lifecycle.storage_class``): their objects get the tag ``ckptgw-class=milestone``, which the
+bucket's lifecycle rules move to a cheaper class. Without one a milestone is only kept.
+
+A checkpoint that is not complete says what it waits for (``Candidate.waiting``: its marker, or
+the quiet time), so that a plan made early reads as "not yet", not as "never".
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class Candidate:
     complete: bool  # its completeness rule holds (a commit marker, or quiet and durable)
     pinned: bool = False
     linked_by: str = ""  # a symlink of the run that points into this checkpoint
+    waiting: str = ""  # when not complete: what completeness waits for ("marker ... not ...")
 
 
 @dataclass(frozen=True)
@@ -62,8 +67,15 @@ def _order(c: Candidate) -> tuple[int, float, str]:
     return c.step, c.mtime, c.path
 
 
-def plan(candidates: Iterable[Candidate], policy: Policy, now: float) -> list[Decision]:
-    """One decision per checkpoint of one run, newest first."""
+def _incomplete(c: Candidate) -> str:
+    return f"incomplete: {c.waiting}" if c.waiting else "incomplete"
+
+
+def plan(
+    candidates: Iterable[Candidate], policy: Policy, now: float, *, transition: bool = True
+) -> list[Decision]:
+    """One decision per checkpoint of one run, newest first. ``transition``: milestones that
+    are kept move to a cheaper class (there is one); else they are only kept."""
     cands = sorted(candidates, key=_order, reverse=True)
     good = [c for c in cands if c.complete and c.durable]
     newest = good[0] if good else None
@@ -76,21 +88,24 @@ def plan(candidates: Iterable[Candidate], policy: Policy, now: float) -> list[De
         if not c.durable:
             reason = "not entirely in the store yet"
         elif newest is None:
-            reason = "no complete durable checkpoint yet"
+            reason = f"no complete checkpoint yet; {_incomplete(c)}"
         elif c is newest:
             reason = "newest complete checkpoint"
         elif _order(c) > _order(newest):
             reason = "newer than the newest complete checkpoint"
+            if not c.complete:
+                reason += f"; {_incomplete(c)}"
         elif c.pinned:
             reason = "pinned"
         elif c.linked_by:
             reason = f"a symlink points to it ({c.linked_by})"
         elif milestone:
-            action, reason = TRANSITION, f"milestone (every {policy.keep_every} steps)"
+            action = TRANSITION if transition else KEEP
+            reason = f"milestone (every {policy.keep_every} steps)"
         elif c.path in latest:
             reason = f"one of the last {policy.keep_last}"
         elif not c.complete:
-            reason = "incomplete: not judged"
+            reason = f"{_incomplete(c)}; not judged" if c.waiting else "incomplete: not judged"
         elif now - c.mtime < policy.min_age:
             reason = f"younger than min_age ({policy.min_age:g} s)"
         else:

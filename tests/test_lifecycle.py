@@ -1,19 +1,23 @@
 """Lifecycle against the file store and the S3 server: plan and apply delete exactly what the
 plan said (never a checkpoint only partly in the store), pins set on one gateway are honoured
 by another, the periodic mode, and the bucket's lifecycle rules round-trip with others' rules
-kept."""
+kept. What a resuming node and an operator look for: pins only of checkpoints that exist,
+``pins``, the store's checkpoints in a fresh node's status, what completeness waits for, and a
+local store never called plain durable."""
 
 from __future__ import annotations
 
 import errno
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import boto3
+import jsonschema
 import pytest
 
 from tests.conftest import CheckedGateway, GatewayFactory, errno_of, needs_fuse
@@ -28,17 +32,22 @@ RETENTION = {"run": "run1", "keep_last": 2, "keep_every": 4, "marker": ".metadat
 
 @dataclass
 class Setup:
-    node: Callable[..., CheckedGateway]  # node(name, **lifecycle) -> a gateway on the store
+    # node(name, retention=None, **lifecycle) -> a gateway on the store; retention: the
+    # [[retention]] table (default RETENTION)
+    node: Callable[..., CheckedGateway]
     objects: Callable[[], set[str]]  # keys in the store, without the gateway's own
     tags: Callable[[str], dict[str, str]]
     kind: str
+    pin_keys: Callable[[], set[str]]  # the pins in the store: their keys under .ckptgw-pins/
 
 
 @pytest.fixture(params=["file", "s3"])
 def setup(
     request: pytest.FixtureRequest, gateway: GatewayFactory, tmp_path: Path
 ) -> Iterator[Setup]:
-    def config(name: str, lifecycle: dict[str, object]) -> Path:
+    def config(
+        name: str, lifecycle: dict[str, object], retention: dict[str, object] | None = None
+    ) -> Path:
         sections: dict[str, dict[str, object]] = {
             "drain": {"settle": 600.0},
             "lifecycle": lifecycle,
@@ -47,18 +56,26 @@ def setup(
         with path.open("a") as f:  # [[retention]] is an array of tables
             f.write(
                 "[[retention]]\n"
-                + "".join(f"{k} = {json.dumps(v)}\n" for k, v in RETENTION.items())
+                + "".join(f"{k} = {json.dumps(v)}\n" for k, v in (retention or RETENTION).items())
             )
         return path
 
     if request.param == "file":
         root = tmp_path / "store"
 
-        def node(name: str, **lifecycle: object) -> CheckedGateway:
-            return gateway(name, "--config", str(config(name, lifecycle)), store=f"file://{root}")
+        def node(
+            name: str, retention: dict[str, object] | None = None, **lifecycle: object
+        ) -> CheckedGateway:
+            cfg = config(name, lifecycle, retention)
+            return gateway(name, "--config", str(cfg), store=f"file://{root}")
 
         def objects() -> set[str]:
             return {k for k in file_store_objects(root) if not k.startswith(".ckptgw-pins/")}
+
+        def pin_keys() -> set[str]:  # file_store_objects leaves the .ckptgw- names out
+            pins = root / ".ckptgw-pins"
+            found = pins.rglob("*") if pins.exists() else []
+            return {f"{pins.name}/{p.relative_to(pins).as_posix()}" for p in found if p.is_file()}
 
         def tags(key: str) -> dict[str, str]:
             try:
@@ -67,28 +84,35 @@ def setup(
                 assert e.errno == errno.ENODATA
                 return {}
 
-        yield Setup(node, objects, tags, "file")
+        yield Setup(node, objects, tags, "file", pin_keys)
         return
     endpoint = request.getfixturevalue("s3_endpoint")
     bucket = request.getfixturevalue("bucket")
     s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
 
-    def s3_node(name: str, **lifecycle: object) -> CheckedGateway:
-        cfg = config(name, lifecycle)
+    def s3_node(
+        name: str, retention: dict[str, object] | None = None, **lifecycle: object
+    ) -> CheckedGateway:
+        cfg = config(name, lifecycle, retention)
         return gateway(
             name, "--config", str(cfg), "--endpoint-url", endpoint, store=f"s3://{bucket}/ck/"
         )
 
-    def s3_objects() -> set[str]:
+    def s3_keys() -> set[str]:
         listed = s3.list_objects_v2(Bucket=bucket, Prefix="ck/").get("Contents", [])
-        keys = {o["Key"].removeprefix("ck/") for o in listed}
-        return {k for k in keys if not k.startswith(".ckptgw-pins/")}
+        return {o["Key"].removeprefix("ck/") for o in listed}
+
+    def s3_objects() -> set[str]:
+        return {k for k in s3_keys() if not k.startswith(".ckptgw-pins/")}
+
+    def s3_pin_keys() -> set[str]:
+        return {k for k in s3_keys() if k.startswith(".ckptgw-pins/")}
 
     def s3_tags(key: str) -> dict[str, str]:
         r = s3.get_object_tagging(Bucket=bucket, Key=f"ck/{key}")
         return {t["Key"]: t["Value"] for t in r["TagSet"]}
 
-    yield Setup(s3_node, s3_objects, s3_tags, "s3")
+    yield Setup(s3_node, s3_objects, s3_tags, "s3", s3_pin_keys)
 
 
 def write_checkpoints(gw: CheckedGateway, steps: range, *, complete: bool = True) -> None:
@@ -107,7 +131,7 @@ def lifecycle(gw: CheckedGateway, action: str, *args: str) -> dict[str, Any]:
 
 
 def test_plan_and_apply_delete_exactly_what_the_plan_said(setup: Setup) -> None:
-    gw = setup.node("a")
+    gw = setup.node("a", storage_class="GLACIER_IR")  # milestones have a class to go to
     write_checkpoints(gw, range(1, 7))
     write_checkpoints(gw, range(7, 8), complete=False)  # being written: no marker yet
     r = gw.cli("flush", "--wait", "--timeout", "60", str(gw.mountpoint / "run1"))
@@ -118,7 +142,11 @@ def test_plan_and_apply_delete_exactly_what_the_plan_said(setup: Setup) -> None:
 
     plan = {p["path"]: (p["action"], p["reason"]) for p in lifecycle(gw, "plan")["plan"]}
     assert plan == {
-        "run1/step_7": ("keep", "newer than the newest complete checkpoint"),
+        "run1/step_7": (
+            "keep",
+            "newer than the newest complete checkpoint; "
+            "incomplete: marker .metadata not in the store yet",
+        ),
         "run1/step_6": ("keep", "newest complete checkpoint"),
         "run1/step_5": ("keep", "one of the last 2"),
         "run1/step_4": ("transition", "milestone (every 4 steps)"),
@@ -147,16 +175,19 @@ def test_plan_and_apply_delete_exactly_what_the_plan_said(setup: Setup) -> None:
     assert setup.tags("run1/step_5/model.pt") == {}
 
     # Another node plans from the same bucket. It cannot see a's undrained extra.pt, so to it
-    # step_3 is complete and old (what min_age is for: drain lag on other nodes).
+    # step_3 is complete and old (what min_age is for: drain lag on other nodes). b has no
+    # lifecycle.storage_class: its milestones are only kept, not "transition".
     b = setup.node("b")
-    again = {p["path"]: p["action"] for p in lifecycle(b, "plan")["plan"]}
-    assert again == {
+    again = {p["path"]: (p["action"], p["reason"]) for p in lifecycle(b, "plan")["plan"]}
+    assert {path: action for path, (action, _) in again.items()} == {
         "run1/step_7": "keep",
         "run1/step_6": "keep",
         "run1/step_5": "keep",
-        "run1/step_4": "transition",
+        "run1/step_4": "keep",
         "run1/step_3": "delete",
     }
+    assert again["run1/step_4"] == ("keep", "milestone (every 4 steps)")
+    assert "transition" not in b.cli("lifecycle", "plan", str(b.mountpoint)).stdout
 
 
 def test_pins_from_one_gateway_are_honoured_by_another(setup: Setup) -> None:
@@ -196,7 +227,11 @@ def test_symlinks_keep_their_targets_and_markers_go_with_their_checkpoint(setup:
     assert a.cli("flush", "--wait", "--timeout", "60").returncode == 0
     assert {"run1/step_2/", "run1/step_9/", "run1/best.ckpt"} <= setup.objects()
     want = {
-        "run1/step_9": ("keep", "newer than the newest complete checkpoint"),
+        "run1/step_9": (
+            "keep",
+            "newer than the newest complete checkpoint; "
+            "incomplete: only its directory is in the store, none of its files",
+        ),
         "run1/step_4": ("keep", "newest complete checkpoint"),
         "run1/step_3": ("keep", "one of the last 2"),
         "run1/step_2": ("delete", "older than the last 2"),
@@ -289,3 +324,151 @@ def test_retention_and_pattern_config_errors_are_one_line(tmp_path: Path) -> Non
     assert cfg.checkpoint_patterns == (r"save(\d+)",)
     (run,) = cfg.retention
     assert run.run == "r" and run.policy.keep_every == 5 and run.policy.keep_last == 3
+
+
+# -- what a resuming node and an operator look for ---------------------------------------------
+
+
+def rows_of(gw: CheckedGateway) -> dict[str, dict[str, Any]]:
+    """Status's checkpoint rows by path relative to the mount (steps only)."""
+    mp = str(gw.mountpoint) + "/"
+    return {c["path"].removeprefix(mp): c for c in gw.status()["checkpoints"] if c["step"]}
+
+
+def test_pin_only_what_exists_unpin_says_so_and_pins_lists_them(setup: Setup) -> None:
+    a = setup.node("a")
+    write_checkpoints(a, range(1, 4))
+    assert a.cli("flush", "--wait", "--timeout", "60").returncode == 0
+    run = a.mountpoint / "run1"
+    r = a.cli("pin", str(run / "step_1000000"), check=False)
+    assert_one_line_error(r, "run1/step_1000000: no such checkpoint")
+    assert setup.pin_keys() == set()  # nothing pinned
+
+    assert a.cli("pin", str(run / "step_1")).stdout.strip() == f"pinned: {run / 'step_1'}"
+    (run / "step_9").mkdir()
+    (run / "step_9" / "model.pt").write_bytes(b"only in this cache")  # settle: not drained
+    assert a.cli("pin", str(run / "step_9")).returncode == 0  # it exists, on this node
+    assert setup.pin_keys() == {".ckptgw-pins/run1/step_1", ".ckptgw-pins/run1/step_9"}
+    r = a.cli("unpin", str(run / "step_2"))
+    assert r.returncode == 0 and r.stdout.strip() == f"not pinned: {run / 'step_2'}"
+
+    listed = json.loads(a.cli("pins", str(a.mountpoint), "--json").stdout)["pins"]
+    assert {p["path"]: p["where"] for p in listed} == {
+        "run1/step_1": "store",
+        "run1/step_9": "local",
+    }
+    assert all(p["pinned_at"] for p in listed)
+    text = a.cli("pins").stdout
+    assert f"{run / 'step_1'}  pinned " in text and "only in this node's cache" in text
+    st = a.status()
+    assert [p["path"] for p in st["pins"]["items"]] == [str(run / "step_1"), str(run / "step_9")]
+    assert {p: c["pinned"] for p, c in rows_of(a).items()} == {
+        "run1/step_9": True,
+        "run1/step_3": False,
+        "run1/step_2": False,
+        "run1/step_1": True,
+    }
+    assert "pins      2: run1/step_1, run1/step_9" in a.cli("status", str(a.mountpoint)).stdout
+
+    # Unpinned, then deleted by apply: a pin of it names nothing now.
+    assert a.cli("unpin", str(run / "step_1")).stdout.strip() == f"unpinned: {run / 'step_1'}"
+    assert a.cli("unpin", str(run / "step_9")).returncode == 0
+    done = lifecycle(a, "apply")
+    assert {p["path"] for p in done["plan"] if p["action"] == "delete"} == {"run1/step_1"}
+    r = a.cli("pin", str(run / "step_1"), check=False)
+    assert_one_line_error(r, "run1/step_1: no such checkpoint")
+    assert setup.pin_keys() == set()
+    assert a.cli("pins").stdout.strip() == "no pins"
+    assert a.status()["pins"]["items"] == []
+
+
+def test_a_fresh_node_lists_the_checkpoints_in_the_store(setup: Setup) -> None:
+    from tests.test_operate import SCHEMA
+
+    a = setup.node("a")
+    write_checkpoints(a, range(1, 4))
+    write_checkpoints(a, range(4, 5), complete=False)  # no marker: not complete
+    assert a.cli("flush", "--wait", "--timeout", "60").returncode == 0
+    b = setup.node("b")  # a new cache dir on the same store: what a resuming node has
+    wait_for("the store's checkpoints in b's status", lambda: len(rows_of(b)) == 4)
+    got = rows_of(b)
+    assert {p: (c["where"], c["state"], c["complete"]) for p, c in got.items()} == {
+        "run1/step_4": ("store", "durable", False),
+        "run1/step_3": ("store", "durable", True),
+        "run1/step_2": ("store", "durable", True),
+        "run1/step_1": ("store", "durable", True),
+    }
+    assert got["run1/step_4"]["waiting"] == "marker .metadata not in the store yet"
+    assert got["run1/step_1"]["files"] == 2  # model.pt and .metadata (not the directory)
+    st = b.status()
+    jsonschema.validate(st, SCHEMA)
+    listing = st["store_listing"]
+    assert listing["listed_at"] and listing["checkpoints"] == 4 and not listing["truncated"]
+    text = b.cli("status", str(b.mountpoint)).stdout
+    assert "no files yet" not in text
+    assert "in store  4 checkpoints as listed " in text
+    line = next(x for x in text.splitlines() if "run1/step_4" in x)
+    assert "  store  " in line and "no: marker .metadata not in the store yet" in line
+
+    os.listdir(b.mountpoint / "run1" / "step_2")  # b looks at one: now it is on both
+    assert rows_of(b)["run1/step_2"]["where"] == "both"
+    assert rows_of(b)["run1/step_1"]["where"] == "store"
+
+
+def test_without_retention_runs_status_still_finds_the_stores_checkpoints(
+    gateway: GatewayFactory,
+) -> None:
+    a = gateway("a")
+    for step in (10, 20):
+        d = a.mountpoint / "jobs" / "llama" / f"global_step{step}"
+        d.mkdir(parents=True)
+        (d / "weights.pt").write_bytes(bytes([step]) * 100)
+    assert a.cli("flush", "--wait", "--timeout", "60").returncode == 0
+    b = gateway("b")  # same store, no [[retention]]: the walk covers the whole prefix
+    want = {"jobs/llama/global_step20", "jobs/llama/global_step10"}
+    wait_for("the store's checkpoints in b's status", lambda: set(rows_of(b)) == want)
+    for c in rows_of(b).values():
+        assert (c["where"], c["complete"], c["pinned"]) == ("store", None, False)
+    assert b.status()["store_listing"]["roots"] == [""]
+
+
+def test_a_plan_before_quiet_says_what_completeness_waits_for(setup: Setup) -> None:
+    gw = setup.node("a", retention={"run": "run1", "keep_last": 2})  # no marker: quiet 300 s
+    write_checkpoints(gw, range(1, 3))
+    assert gw.cli("flush", "--wait", "--timeout", "60").returncode == 0
+    plan = lifecycle(gw, "plan")["plan"]
+    assert len(plan) == 2
+    for p in plan:
+        assert p["action"] == "keep"
+        assert p["reason"].startswith("no complete checkpoint yet; incomplete: quiet for ")
+        assert p["reason"].endswith(" s more, or add a marker (retention.marker, e.g. .metadata)")
+    assert "add a marker (retention.marker" in gw.cli("lifecycle", "plan").stdout
+    for c in rows_of(gw).values():
+        assert c["complete"] is False and c["waiting"].startswith("quiet for ")
+    line = next(x for x in gw.cli("status").stdout.splitlines() if "run1/step_2" in x)
+    assert "no: quiet for " in line
+
+
+def test_only_a_local_store_reads_durable_local_store(setup: Setup) -> None:
+    gw = setup.node("a")
+    write_checkpoints(gw, range(1, 3))
+    assert gw.cli("flush", "--wait", "--timeout", "60").returncode == 0
+    st = gw.status()
+    assert {c["state"] for c in st["checkpoints"]} == {"durable"}  # the JSON enum stays
+    gw.cli("pin", str(gw.mountpoint / "run1" / "step_1"))
+    text = gw.cli("status", str(gw.mountpoint)).stdout
+    plan = gw.cli("lifecycle", "plan").stdout
+    pins = gw.cli("pins").stdout
+    bare = re.compile(r"\bdurable\b(?! \(local store\))")
+    if setup.kind == "file":  # a temp dir on this node's own disk
+        assert st["store_local"] is True
+        assert "is on this node's own disk" in text.splitlines()[1]
+        assert st["store"] in text.splitlines()[1]
+        assert "durable (local store)" in text
+        for out in (text, plan, pins):
+            assert not bare.search(out), out
+        assert "local store" in plan.splitlines()[0] and "in the local store" in pins
+    else:
+        assert st["store_local"] is False
+        assert "local store" not in text + plan + pins
+        assert bare.search(text) and "in the store" in pins
