@@ -219,10 +219,16 @@ def main() -> None:
                 f"[demo] FAILED: {len(mismatched)} steps differ from the reference "
                 f"(first: {mismatched[:5]})"
             )
-        recomputed_same = all(a[s] == b[s] for s in range(resumed + 1, killed + 1))
+        recomputed = range(resumed + 1, killed + 1)
+        differ = [s for s in recomputed if a[s] != b[s]]
+        same = (
+            f"the {len(recomputed)} recomputed steps equal node A's"
+            if not differ
+            else f"{len(differ)} of the {len(recomputed)} recomputed steps differ from node A's "
+            f"(first: step {differ[0]})"
+        )
         print(
-            f"all {len(reference)} steps identical to the reference (bit for bit); "
-            f"recomputed steps identical to node A's: {recomputed_same}",
+            f"all {len(reference)} steps identical to the reference (bit for bit); {same}",
             flush=True,
         )
         node_b.cli("flush", str(run_b), "--wait", "--timeout", "120")

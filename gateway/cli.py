@@ -30,8 +30,9 @@ from ckptgw.gateway.client import (
 )
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import FSTYPE, mounted_fstype, unmount
+from ckptgw.gateway.progressbar import ProgressBar
 from ckptgw.gateway.protocol import READY_FD_ENV
-from ckptgw.gateway.render import ProgressBar, plan_text, size, status_text, use_colour
+from ckptgw.gateway.render import plan_text, size, status_text, use_colour
 
 MOUNT_TIMEOUT = 120.0
 EXIT_WAIT = 60.0  # after the unmount, how long the daemon may take to finish
@@ -40,17 +41,17 @@ NOT_DURABLE_EXIT = 3  # flush --wait / wait timed out with data not in the store
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="ckptgw", description="Checkpoint gateway: a FUSE write-back cache for ML training"
+        prog="ckptgw",
+        description="Checkpoint gateway: a FUSE write-back cache for ML training",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"ckptgw {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     m = sub.add_parser("mount", help="mount a gateway (returns once the mount is ready)")
     m.add_argument("mountpoint")
-    m.add_argument("--store", help="s3://BUCKET[/PREFIX] or file:///PATH (default: embedded)")
-    m.add_argument("--cache-dir", help="cache directory on local NVMe")
-    m.add_argument("--endpoint-url", help="S3 endpoint (S3-compatible stores)")
-    m.add_argument("--config", help="TOML config file; flags override it")
+    _config_options(m)
     m.add_argument(
         "--allow-other",
         action="store_true",
@@ -64,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="every byte through the daemon, not kernel FUSE passthrough (mount.passthrough)",
     )
+    m.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        help="log.level (default: info)",
+    )
+    m.add_argument("--log-file", metavar="FILE", help="log.file (default: CACHE_DIR/ckptgw.log)")
     m.add_argument(
         "--foreground", action="store_true", help="stay in front (for systemd and containers)"
     )
@@ -101,9 +108,29 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("path", metavar="PATH")
     w.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
 
-    for name, what in (("pin", "keep a checkpoint whatever retention says"), ("unpin", "undo pin")):
-        pp = sub.add_parser(name, help=f"{what} (stored in the bucket: every node agrees)")
+    for name, what in (
+        ("pin", "keep a checkpoint whatever retention says (it must exist)"),
+        ("unpin", "undo pin (of a path not pinned: says so, exit 0)"),
+    ):
+        pp = sub.add_parser(name, help=f"{what}; stored in the bucket: every node agrees")
         pp.add_argument("path", metavar="PATH", help="a checkpoint on a mount")
+    pl = sub.add_parser("pins", help="the pinned checkpoints, and whether each still exists")
+    pl.add_argument("mountpoint", nargs="?", help="default: the only running gateway")
+    pl.add_argument("--json", action="store_true")
+
+    ca = sub.add_parser("cache", help="a cache dir that is not mounted")
+    csub = ca.add_subparsers(dest="action", required=True, metavar="ACTION")
+    cr = csub.add_parser(
+        "rebind",
+        help="send the cache's data to another store at its next mount (e.g. after a "
+        "misspelled bucket); refused while mounted",
+    )
+    cr.add_argument("cache_dir", metavar="CACHE_DIR")
+    cr.add_argument("--store", required=True, help="the store to bind it to: s3://... or file://")
+    cr.add_argument("--endpoint-url", help="S3 endpoint (S3-compatible stores)")
+    cr.add_argument(
+        "--allow-local-store", action="store_true", help="accept a store on this node's disks"
+    )
 
     lc = sub.add_parser("lifecycle", help="retention: plan, apply, and the bucket's rules")
     lsub = lc.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -119,7 +146,66 @@ def _parser() -> argparse.ArgumentParser:
     lr.add_argument("mountpoint", nargs="?", help="default: the only running gateway")
     lr.add_argument("--apply", action="store_true", help="put the merged rules on the bucket")
     lr.add_argument("--json", action="store_true")
+
+    d = sub.add_parser("doctor", help="check what a mount needs (FUSE, cache disk, store)")
+    d.add_argument("mountpoint", nargs="?", help="also check this mountpoint")
+    _config_options(d)
+    d.add_argument("--json", action="store_true", help="a list of {check, status, message}")
+    co = sub.add_parser("completion", help="print a shell completion script")
+    co.add_argument("shell", choices=("bash", "zsh"))
+
+    for name, parser in sub.choices.items():
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        parser.epilog = (
+            f"example:\n  {EXAMPLES[name]}\n\n{EXIT_CODES}" if name in EXAMPLES else EXIT_CODES
+        )
     return p
+
+
+def _config_options(p: argparse.ArgumentParser) -> None:
+    """The options that choose the store and the cache, as ``mount`` and ``doctor`` take them."""
+    p.add_argument(
+        "--store",
+        help="s3://BUCKET[/PREFIX], or file:///PATH on a shared filesystem (store.url; the "
+        "default, a directory on this node, needs --allow-local-store)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        help="cache directory on local NVMe (cache.dir; default: /var/cache/ckptgw/MOUNTPOINT "
+        "as root, ~/.cache/ckptgw/MOUNTPOINT otherwise)",
+    )
+    p.add_argument("--endpoint-url", help="S3 endpoint (S3-compatible stores)")
+    p.add_argument("--config", help="TOML config file; flags override it")
+    p.add_argument(
+        "--allow-local-store",
+        action="store_true",
+        default=None,
+        help="accept a file:// store on this node's own disks, which the node's loss takes "
+        "with it (store.allow_local; refused otherwise)",
+    )
+
+
+EXIT_CODES = f"""exit codes:
+  0    done
+  1    an error (one line on stderr says what to fix), or a failed check (doctor)
+  2    a command line that does not parse
+  {NOT_DURABLE_EXIT}    not durable in time (flush --wait, wait): what is not is listed
+  130  interrupted"""
+
+EXAMPLES = {
+    "mount": "ckptgw mount /mnt/ckpt --store s3://my-bucket/run1 --cache-dir /nvme/ckptgw",
+    "umount": "ckptgw umount /mnt/ckpt --timeout 300",
+    "status": "ckptgw status /mnt/ckpt --watch 2",
+    "flush": "ckptgw flush /mnt/ckpt/run1/step_1000 --wait --timeout 600",
+    "wait": "ckptgw wait /mnt/ckpt/run1/step_1000 --timeout 600 && rm -r /mnt/ckpt/run1/step_900",
+    "pin": "ckptgw pin /mnt/ckpt/run1/step_5000",
+    "unpin": "ckptgw unpin /mnt/ckpt/run1/step_5000",
+    "pins": "ckptgw pins /mnt/ckpt",
+    "doctor": "ckptgw doctor /mnt/ckpt --store s3://my-bucket/run1 --cache-dir /nvme/ckptgw",
+    "cache": "ckptgw cache rebind /var/cache/ckptgw/mnt-ckpt --store s3://the-right-bucket/run1",
+    "lifecycle": "ckptgw lifecycle plan /mnt/ckpt --run run1",
+    "completion": "ckptgw completion bash > /etc/bash_completion.d/ckptgw",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -137,8 +223,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_wait(args)
         if args.command in ("pin", "unpin"):
             return cmd_pin(args)
+        if args.command == "pins":
+            return cmd_pins(args)
         if args.command == "lifecycle":
             return cmd_lifecycle(args)
+        if args.command == "doctor":
+            return cmd_doctor(args)
+        if args.command == "cache":
+            return cmd_cache(args)
+        if args.command == "completion":
+            from ckptgw.gateway import completion
+
+            print(getattr(completion, args.shell)(_parser()), end="")
+            return 0
     except UserError as e:
         print(f"ckptgw: {e}", file=sys.stderr)
         return e.code
@@ -158,13 +255,21 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
         endpoint_url=args.endpoint_url,
         allow_other=args.allow_other,
         passthrough=args.passthrough,
+        allow_local_store=args.allow_local_store,
+        log_level=args.log_level,
+        log_file=args.log_file,
         foreground=args.foreground,
     )
     if args.foreground:
         from ckptgw.gateway.daemon import run
 
         return run(cfg)
-    return _start_in_background(argv, cfg.mountpoint)
+    code = _start_in_background(argv, cfg.mountpoint)
+    print(
+        f"mounted {cfg.mountpoint}\n  store  {cfg.store}\n  cache  {cfg.cache_dir}\n"
+        f"  log    {cfg.log_path}"
+    )
+    return code
 
 
 def _start_in_background(argv: list[str], mountpoint: Path) -> int:
@@ -263,27 +368,33 @@ def _targets(mountpoint: str | None) -> list[Mount]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    while True:
-        targets = _targets(args.mountpoint)
-        reports = []
-        for m in targets:
-            try:
-                reports.append(m.request("status"))
-            except NotRunning:
-                if args.mountpoint is not None:
-                    raise
-        if args.json:
-            doc: object = reports[0] if args.mountpoint else {"version": 1, "mounts": reports}
-            text = json.dumps(doc, indent=2)
-        else:
-            colour = use_colour(sys.stdout)
-            text = "\n\n".join(status_text(r, colour) for r in reports) or "no gateway answers"
-        if args.watch is None:
-            print(text)
-            return 0
-        sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+    if args.watch is None:
+        print(_status_text(args))
+        return 0
+    while True:  # a gateway that goes away is waited for, not given up on
+        try:
+            text = _status_text(args)
+        except UserError as e:
+            text = f"{e}; waiting for it"
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        sys.stdout.write(f"\x1b[H\x1b[2J{stamp}  every {args.watch:g} s\n\n{text}\n")
         sys.stdout.flush()
         time.sleep(max(0.1, args.watch))
+
+
+def _status_text(args: argparse.Namespace) -> str:
+    reports = []
+    for m in _targets(args.mountpoint):
+        try:
+            reports.append(m.request("status"))
+        except NotRunning:
+            if args.mountpoint is not None:
+                raise
+    if args.json:
+        doc: object = reports[0] if args.mountpoint else {"version": 1, "mounts": reports}
+        return json.dumps(doc, indent=2)
+    colour = use_colour(sys.stdout)
+    return "\n\n".join(status_text(r, colour) for r in reports) or "no gateway answers"
 
 
 def _by_mount(paths: list[str]) -> dict[Path, tuple[Mount, list[str]]]:
@@ -337,7 +448,50 @@ def cmd_wait(args: argparse.Namespace) -> int:
 def cmd_pin(args: argparse.Namespace) -> int:
     mount, p = mount_of(args.path)
     r = mount.request("pin", path=mount.relative(p), pin=args.command == "pin")
-    print(f"{'pinned' if r['pinned'] else 'unpinned'}: {mount.mountpoint / r['path']}")
+    what = "pinned" if r["pinned"] else "unpinned" if r.get("changed", True) else "not pinned"
+    print(f"{what}: {mount.mountpoint / r['path']}")
+    return 0
+
+
+PIN_WHERE = {
+    "store": "in the store",
+    "both": "in the store",
+    "local": "only in this node's cache (not drained yet)",
+    None: "gone: in neither the store nor this node's cache",
+}
+
+
+def cmd_pins(args: argparse.Namespace) -> int:
+    """The pins, listed from the store, and where each checkpoint is (a pin of one deleted
+    outside ckptgw keeps nothing)."""
+    mount = _only_mount(args.mountpoint)
+    r = mount.request("pins")
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    if not r["pins"]:
+        print("no pins")
+        return 0
+    for p in r["pins"]:
+        where = PIN_WHERE.get(p["where"], str(p["where"]))
+        if p["where"] in ("store", "both") and r.get("store_local"):
+            where = "in the local store (on this node's own disk: durable (local store) only)"
+        at = p["pinned_at"]
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if at else "-"
+        print(f"{mount.mountpoint / p['path']}  pinned {when}  {where}")
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from ckptgw.gateway.rebind import describe, rebind_cache  # the journal and store modules
+
+    cache_dir = Path(os.path.abspath(args.cache_dir))
+    endpoint = args.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+    report = rebind_cache(cache_dir, args.store, endpoint, args.allow_local_store)
+    if report is None:
+        print(f"{cache_dir} is already bound to {args.store}")
+    else:
+        print(describe(cache_dir, report))
     return 0
 
 
@@ -366,13 +520,20 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(r, indent=2))
         return 0
-    print(plan_text(r["plan"], mount.mountpoint, use_colour(sys.stdout)))
+    colour = use_colour(sys.stdout)
+    print(plan_text(r["plan"], mount.mountpoint, colour, bool(r.get("store_local"))))
     if args.action == "apply":
         print(
             f"deleted {r['deleted']} checkpoints ({size(r['deleted_bytes'])}), "
             f"tagged {r['tagged']} milestones, dropped {r['dropped_local_files']} files here"
         )
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ckptgw.gateway.doctor import run  # loads the drain and botocore: only for doctor
+
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,8 @@ from ckptgw.gateway.mountpoint import prepare_mountpoint
 from ckptgw.gateway.preemption import PreemptionWatcher, WatchConfig
 from ckptgw.gateway.protocol import READY_FD_ENV
 from ckptgw.gateway.status import PathError, Reporter
+from ckptgw.gateway.storecheck import what_to_fix
+from ckptgw.gateway.storeplace import local_store, local_store_problem, local_store_warning
 
 log = logging.getLogger("ckptgw")
 
@@ -89,7 +91,8 @@ def setup_logging(cfg: Config) -> Path:
     root = logging.getLogger()
     root.setLevel(cfg.log_level.upper())
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    path = cfg.cache_dir / "ckptgw.log"
+    path = cfg.log_path
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     fh = logging.handlers.RotatingFileHandler(path, maxBytes=16 << 20, backupCount=3)
     os.chmod(path, 0o600)
     fh.setFormatter(fmt)
@@ -115,6 +118,9 @@ def run(cfg: Config) -> int:
     """Serve until unmounted or signalled. Returns the process exit code."""
     ready = Readiness()
     os.umask(0o077)  # journal, log and cache files are private to the gateway's user
+    if local_store(cfg.store) is not None and not cfg.allow_local_store:
+        ready.failed(msg := local_store_problem(cfg.store, cfg.cache_dir))
+        raise UserError(msg)
     try:
         lock = CacheDirLock(cfg.cache_dir)
     except UserError as e:
@@ -132,7 +138,7 @@ def run(cfg: Config) -> int:
         raise
     except BaseException as e:
         log.exception("gateway failed")
-        ready.failed(f"gateway failed: {e!r}; see {cfg.cache_dir / 'ckptgw.log'}")
+        ready.failed(f"gateway failed: {e!r}; see {cfg.log_path}")
         raise
     finally:
         lock.release()
@@ -183,14 +189,28 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
     )
     if problem is not None:
         log.warning("%s", problem)
-    mount = _Mount(cfg, None if problem is None else str(problem))
+    warnings = [str(problem)] if problem is not None else []
+    if local_store(cfg.store) is not None:
+        warnings.append(local_store_warning(cfg.store))
+        log.warning("%s", warnings[-1])
+    mount = _Mount(cfg, "; ".join(warnings) or None)
     try:
         trio.run(_serve, fs, scheduler, cfg, ready, mount)
+    except BaseExceptionGroup as group:  # a task's UserError, in the nursery's group
+        users, rest = group.split(UserError)
+        if users is None or rest is not None:
+            raise
+        raise _first(users) from None
     finally:
         mount.close()
         fs.close()
     log.info("stopped cleanly")
     return 0
+
+
+def _first(group: BaseExceptionGroup[UserError]) -> UserError:
+    e = group.exceptions[0]
+    return _first(e) if isinstance(e, BaseExceptionGroup) else e
 
 
 class _Mount:
@@ -241,11 +261,15 @@ def drain_config(cfg: Config) -> DrainConfig:
     )
 
 
-async def check_store(store: RetryingStore) -> str | None:
-    """A one-line warning if the store cannot be used now; the mount goes ahead regardless."""
+async def check_store(store: RetryingStore, cfg: Config) -> str | None:
+    """Fail the mount (UserError) on a store error only the user can fix; a one-line warning
+    for one that may pass (the drain keeps retrying, so fixing it needs no remount)."""
     try:
         await store.with_policy(MOUNT_CHECK).check()
     except StoreError as e:
+        fix = what_to_fix(e, cfg.store, cfg.endpoint_url)
+        if fix is not None:
+            raise UserError(f"store {store.url}: {e}: {fix}; not mounted") from None
         msg = f"store {store.url}: {e}; data stays in the cache until this is fixed"
         log.warning("%s", msg)
         return msg
@@ -328,18 +352,27 @@ def control_handlers(reporter: Reporter, lifecycle: Lifecycle) -> dict[str, Any]
         return handler
 
     async def plan(r: dict[str, Any]) -> dict[str, Any]:
-        return {"plan": [p.view() for p in await lifecycle.plan(_run(r))]}
+        plans = [p.view() for p in await lifecycle.plan(_run(r))]
+        return {"plan": plans, "store_local": reporter.store_local}
 
     async def pin(r: dict[str, Any]) -> dict[str, Any]:
+        """Pin (a checkpoint that exists: LookupError otherwise) or unpin; ``changed``: false
+        for an unpin of a path that was not pinned."""
         path = _checkpoint(lifecycle, r)
-        await (lifecycle.pin(path) if r.get("pin", True) else lifecycle.unpin(path))
-        return {"path": path, "pinned": bool(r.get("pin", True))}
+        if r.get("pin", True):
+            where = await lifecycle.pin(path)
+            return {"path": path, "pinned": True, "changed": True, "where": where}
+        was = await lifecycle.unpin(path)
+        return {"path": path, "pinned": False, "changed": was}
+
+    async def pins(r: dict[str, Any]) -> dict[str, Any]:
+        return {"pins": await lifecycle.pin_views(), "store_local": reporter.store_local}
 
     async def rules(r: dict[str, Any]) -> dict[str, Any]:
         return await lifecycle.bucket_rules(bool(r.get("apply")))
 
     async def apply(r: dict[str, Any]) -> dict[str, Any]:
-        return await lifecycle.apply(_run(r))
+        return {**await lifecycle.apply(_run(r)), "store_local": reporter.store_local}
 
     return {
         "status": guarded(lambda r: reporter.status()),
@@ -349,6 +382,7 @@ def control_handlers(reporter: Reporter, lifecycle: Lifecycle) -> dict[str, Any]
         "lifecycle_apply": guarded(apply),
         "lifecycle_rules": guarded(rules),
         "pin": guarded(pin),
+        "pins": guarded(pins),
     }
 
 
@@ -435,7 +469,7 @@ async def _serve(
                     nursery.start_soon(_drain_then_stop, engine, reporter, cfg, f"received {name}")
 
         await nursery.start(on_signals)
-        warning = await check_store(store)
+        warning = await check_store(store, cfg)
         engine = DrainEngine(fs, store, drain_config(cfg), scheduler, stats)
         await nursery.start(engine.run)
         fetcher, remote = await nursery.start(_read_through, fs, store, cfg)
@@ -448,6 +482,8 @@ async def _serve(
             engine,
             fetcher.stats,
             Recognizer(cfg.checkpoint_patterns),
+            store_local=local_store(cfg.store) is not None,
+            log_path=cfg.log_path,
         )
         lifecycle = Lifecycle(
             fs,
@@ -456,7 +492,10 @@ async def _serve(
             cfg.bucket_rules,
             lambda path: [v for _, v in _files_or_none(reporter, path)],
             reporter.recognizer,
+            listing_ttl=cfg.listing_ttl,
         )
+        reporter.retention = lifecycle  # status shows its pins and the store's checkpoints
+        await nursery.start(lifecycle.run)
         await nursery.start(ControlServer(mount.control, control_handlers(reporter, lifecycle)).run)
         if cfg.lifecycle_interval > 0 and cfg.retention:
             nursery.start_soon(_retention_timer, lifecycle, cfg.lifecycle_interval)

@@ -62,8 +62,40 @@ def unmount(path: Path, *, lazy: bool = False) -> None:
     if r.returncode != 0:
         detail = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
         if "busy" in detail.lower():
-            raise UserError(f"{path} is busy: files or directories on it are still in use")
+            users = holders(path)
+            named = "; ".join(f"{f} (pid {pid} {comm})" for pid, comm, f in users[:5])
+            more = f"; and {len(users) - 5} more" if len(users) > 5 else ""
+            raise UserError(
+                f"{path} is busy: "
+                + (f"in use by {named}{more}" if users else "files on it are still in use")
+                + "; stop those processes or close the files, then umount again"
+            )
         raise UserError(f"cannot unmount {path}: {detail}")
+
+
+def holders(path: Path) -> list[tuple[int, str, str]]:
+    """(pid, command, file) for every open file and working directory of a process that is on
+    the mount at ``path``, as far as /proc lets us see (other users' processes need root)."""
+    top = str(path).rstrip("/")
+    found = []
+    for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+        base = f"/proc/{pid}"
+        try:
+            with open(f"{base}/comm") as f:
+                comm = f.read().strip()
+            links = [f"{base}/cwd"] + [f"{base}/fd/{fd}" for fd in os.listdir(f"{base}/fd")]
+        except OSError:
+            continue
+        for link in links:
+            try:
+                target = os.readlink(link)
+            except OSError:
+                continue
+            if target == top or target.startswith(top + "/"):
+                found.append(
+                    (pid, comm, target + (" (working directory)" if link.endswith("cwd") else ""))
+                )
+    return found
 
 
 def is_stale(path: Path) -> bool:
@@ -88,14 +120,37 @@ def prepare_mountpoint(path: Path) -> None:
         log.warning("clearing the stale mount left at %s by a ckptgw that died", path)
         unmount(path, lazy=True)
         fstype = mounted_fstype(path)
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        raise UserError(f"mountpoint {path} does not exist") from None
-    except OSError as e:
-        raise UserError(f"mountpoint {path}: {e.strerror}") from None
-    if not os.path.isdir(path):
-        raise UserError(f"mountpoint {path} is not a directory")
     if fstype is not None or os.path.ismount(path):
         what = "a ckptgw mount" if fstype == FSTYPE else f"a {fstype or 'mount'}"
         raise UserError(f"mountpoint {path} is busy: already {what} is mounted there")
+    problem = directory_problem(path)
+    if problem is not None:
+        raise UserError(problem)
+
+
+def directory_problem(path: Path) -> str | None:
+    """What keeps an unmounted ``path`` from being mounted on, in one line that says what to
+    do: missing, not a directory, not ours to mount on, or not empty (the mount would hide
+    what is there)."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return f"mountpoint {path} does not exist: mkdir -p {path}"
+    except OSError as e:
+        return f"mountpoint {path}: {e.strerror}"
+    if not os.path.isdir(path):
+        return f"mountpoint {path} is not a directory"
+    if os.geteuid() != 0 and not os.access(path, os.W_OK):
+        return (
+            f"mountpoint {path} is not writable by you, so fusermount3 refuses it: chown it "
+            "or mount as root"
+        )
+    with os.scandir(path) as it:
+        names = sorted(e.name for e in it)
+    if names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        return (
+            f"mountpoint {path} is not empty ({len(names)} entries: {shown}): the mount would "
+            "hide them; move them away or mount on an empty directory"
+        )
+    return None

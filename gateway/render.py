@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any, TextIO
 
 _COLOURS = {
     "durable": "32",
+    "durable (local store)": "33",
     "draining": "33",
     "local-only": "31",
     "local": "31",
@@ -33,6 +33,29 @@ def size(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """ "1 file", "2 files"; ``many`` where adding "s" is wrong ("directories")."""
+    return f"{n} {one}" if n == 1 else f"{n} {many or one + 's'}"
+
+
+def files(n: int) -> str:
+    return plural(n, "file")
+
+
+def entries(pending: dict[str, Any]) -> str:
+    """A ``pending`` answer's count: "2 files", "1 file and 1 directory"."""
+    dirs = int(pending.get("directories", 0))
+    rest = int(pending["count"]) - dirs
+    parts = [files(rest)] if rest or not dirs else []
+    if dirs:
+        parts.append(plural(dirs, "directory", "directories"))
+    return " and ".join(parts)
+
+
+def rate(n: float | None) -> str:
+    return "-" if n is None else f"{size(n)}/s"
 
 
 def age(seconds: float | None) -> str:
@@ -81,6 +104,8 @@ def status_text(st: dict[str, Any], colour: bool = False) -> str:
         paint(f"{st['mountpoint']}  ->  {st['store']}", "bold")
         + f"   (pid {st['pid']}, up {age(st['uptime'])})",
     ]
+    if st.get("store_local"):
+        lines.append(paint(f"  {LOCAL_STORE_NOTE.format(store=st['store'])}", "draining"))
     if st["mode"] != "serving":
         left = f", stops in {age(st['deadline'] - now)}" if st.get("deadline") else ""
         lines.append(paint(f"  {st['mode'].upper()}: {st['mode_reason']}{left}", "draining"))
@@ -95,59 +120,166 @@ def status_text(st: dict[str, Any], colour: bool = False) -> str:
         f"  cache     {size(cache['used'])} used{limit}, {size(cache['free'])} free"
         f"   evictions {cache['evictions']}, writes that waited {cache['write_waits']}"
     )
+    lines.append(
+        f"  files     cache dir {cache.get('dir', '-')}"
+        + (f", log {st['log']}" if st.get("log") else "")
+    )
+    # dirty: bytes whose content the store lacks, each file once (the checkpoints' NOT
+    # DURABLE bytes add up to it); files the store holds under an old name are "moves".
     dirty = f"{size(st['dirty_bytes'])} not in the store"
     lines.append(
         f"  dirty     {paint(dirty, 'local') if st['dirty_bytes'] else dirty}"
-        f"   queue {queue['files']} files, {size(queue['bytes'])},"
+        f"   queue {files(queue['files'])}, {size(queue['bytes'])},"
         f" oldest {age(queue['oldest_dirty_age'])}"
         + (f", {queue['open_for_writing']} open for writing" if queue["open_for_writing"] else "")
-        + (f", {queue['store_ops']} renames/deletes" if queue["store_ops"] else "")
     )
-    for u in st["uploads"]:
-        pct = 100 * u["sent"] / u["size"] if u["size"] else 100.0
+    if queue.get("store_ops"):
+        moves = queue.get("moves", 0)
         lines.append(
-            f"  upload    {u['path']}  {pct:3.0f}%  {size(u['sent'])} of {size(u['size'])}"
-            f"  {size(u['throughput'])}/s"
+            f"  store ops {queue['store_ops']} pending (moves, deletes, metadata updates)"
+            + (
+                f"; {files(moves)} ({size(queue.get('moving_bytes', 0))}) in the store,"
+                f" to be moved to {'its' if moves == 1 else 'their'} current name"
+                if moves
+                else ""
+            )
         )
-    errors = ", ".join(f"{k} {v}" for k, v in sorted(st["errors"].items()))
+    lines += [_upload(u) for u in st["uploads"]]
     lines.append(
         f"  store     {size(st['drained']['bytes'])} drained, {size(st['fetched']['bytes'])} read"
-        f"   retries {st['retries']}" + (f" ({errors})" if errors else "")
+        f"   {retries_text(st, now)}"
     )
     if st["last_error"]:
-        when = f" ({age(now - st['last_error_at'])} ago)" if st["last_error_at"] else ""
-        lines.append(f"  last error{when}: {st['last_error']}")
+        lines.append(f"  last error: {st['last_error']}")
     notice = st.get("preemption", {}).get("notice")
     if notice:
         lines.append(paint(f"  preemption notice: {notice}", "local"))
-    cps = st["checkpoints"]
-    if cps:
-        rows = [["CHECKPOINT", "STEP", "STATE", "FILES", "SIZE", "NOT DURABLE", "AGE"]]
-        for c in cps[:MAX_CHECKPOINTS]:
-            rows.append(
-                [
-                    c["path"] if c["step"] is not None else c["path"].rstrip("/") + "/*",
-                    "-" if c["step"] is None else str(c["step"]),
-                    c["state"],
-                    str(c["files"]),
-                    size(c["bytes"]),
-                    size(c["local_bytes"]) if c["local_bytes"] else "-",
-                    age(now - c["mtime"]),
-                ]
-            )
-        lines.append("")
-        lines += ["  " + r for r in _table(rows, paint, [c["state"] for c in cps])]
-        if len(cps) > MAX_CHECKPOINTS:
-            lines.append(f"  ... and {len(cps) - MAX_CHECKPOINTS} older (--json lists all)")
-    else:
-        lines.append("  no files yet")
+    lines += checkpoint_lines(st, paint, now)
     return "\n".join(lines)
 
 
-def plan_text(plan: list[dict[str, Any]], mountpoint: object, colour: bool = False) -> str:
-    """A retention plan as a table: one line per checkpoint, newest first, with the reason."""
+LOCAL_STORE_NOTE = (
+    "local store: {store} is on this node's own disk; what is in it is durable (local store)"
+    " only, and is lost with the node"
+)
+_WHERE = {"local": "this node", "store": "store", "both": "both"}
+
+
+def state_text(state: str, store_local: bool) -> str:
+    """A state for people: data in a store on this node is never plain "durable"."""
+    return f"{state} (local store)" if store_local and state == "durable" else state
+
+
+def checkpoint_lines(st: dict[str, Any], paint: Painter, now: float) -> list[str]:
+    """The pins, the store's listing, and the checkpoints table (this node's and the
+    store's, newest first), with where each is and whether it is complete."""
+    lines = []
+    mp = st["mountpoint"].rstrip("/") + "/"
+    pins = st.get("pins")
+    if pins and pins["items"]:
+        names = [p["path"].removeprefix(mp) for p in pins["items"]]
+        shown = ", ".join(names[:5]) + (f", ... ({len(names) - 5} more)" if len(names) > 5 else "")
+        lines.append(f"  pins      {len(names)}: {shown}")
+    listing = st.get("store_listing")
+    if listing:
+        at = listing["listed_at"]
+        what = "not listed yet" if at is None else plural(listing["checkpoints"], "checkpoint")
+        if at is not None and listing["truncated"]:
+            what += f" in the first {listing['keys']} keys"
+        if at is not None:
+            what += f" as listed {age(max(0.0, now - at))} ago"
+        if listing["error"]:
+            what += f"; the last listing failed: {listing['error']}"
+        lines.append(f"  in store  {what}")
+    cps = st["checkpoints"]
+    if not cps:
+        lines.append("  no files yet")
+        return lines
+    rows = [
+        ["CHECKPOINT", "STEP", "STATE", "WHERE", "FILES", "SIZE", "NOT DURABLE", "AGE", "COMPLETE"]
+    ]
+    states = []
+    for c in cps[:MAX_CHECKPOINTS]:
+        name = c["path"] if c["step"] is not None else c["path"].rstrip("/") + "/*"
+        complete = c.get("complete")
+        states.append(state_text(c["state"], bool(st.get("store_local"))))
+        rows.append(
+            [
+                name + (" (pinned)" if c.get("pinned") else ""),
+                "-" if c["step"] is None else str(c["step"]),
+                states[-1],
+                _WHERE.get(c.get("where", "local"), "-"),
+                str(c["files"]),
+                size(c["bytes"]),
+                _not_durable(c),
+                age(now - c["mtime"]),
+                "-" if complete is None else "yes" if complete else f"no: {c['waiting']}",
+            ]
+        )
+    lines.append("")
+    lines += ["  " + r for r in _table(rows, paint, states)]
+    if len(cps) > MAX_CHECKPOINTS:
+        lines.append(f"  ... and {len(cps) - MAX_CHECKPOINTS} older (--json lists all)")
+    if listing and listing["omitted"]:
+        lines.append(
+            f"  ... and {listing['omitted']} older only in the store (the newest"
+            f" {listing['per_directory']} of each directory are listed)"
+        )
+    return lines
+
+
+def _not_durable(c: dict[str, Any]) -> str:
+    """A checkpoint's NOT DURABLE cell: bytes the store lacks, and files waiting for a move
+    (their bytes are in the store: not counted again)."""
+    parts = [size(c["local_bytes"])] if c["local_bytes"] else []
+    if c.get("moves"):
+        parts.append(f"{plural(c['moves'], 'move')} pending")
+    return ", ".join(parts) or "-"
+
+
+def _upload(u: dict[str, Any]) -> str:
+    """One upload: its current path, how far, how fast, how long still."""
+    pct = 100 * u["sent"] / u["size"] if u["size"] else 100.0
+    line = f"  upload    {u['path']}  {pct:3.0f}%  {size(u['sent'])} of {size(u['size'])}"
+    phase = u.get("phase", "sending")
+    if phase == "checksum":
+        line += "  checksumming"
+    elif phase == "completing":
+        line += "  completing"
+    else:
+        line += f"  {rate(u['throughput'] or None)}"
+        if u.get("eta") is not None:
+            line += f"  ETA {age(u['eta'])}"
+    if u.get("sent_as"):
+        line += f"  (sent under its old name {u['sent_as']}, then moved)"
+    return line
+
+
+def retries_text(st: dict[str, Any], now: float) -> str:
+    """Store calls that failed, by kind, and how many of them were tried again:
+    "retries 13; errors: 16 transport (last 3 s ago)". Errors count every failed call; those
+    not retried were permanent or ran out of attempts."""
+    kinds = sorted(st["errors"].items(), key=lambda kv: (-kv[1], kv[0]))
+    if not kinds:
+        return f"retries {st['retries']}; no errors"
+    named = ", ".join(f"{n} {_KINDS.get(k, k)}" for k, n in kinds)
+    when = f" (last {age(now - st['last_error_at'])} ago)" if st.get("last_error_at") else ""
+    return f"retries {st['retries']}; errors: {named}{when}"
+
+
+# Error kinds of our own making, in words; S3's error codes (SlowDown, ...) stay as they are.
+_KINDS = {"Transport": "transport", "Cancelled": "cancelled", "NoCredentials": "no credentials"}
+
+
+def plan_text(
+    plan: list[dict[str, Any]], mountpoint: object, colour: bool = False, store_local: bool = False
+) -> str:
+    """A retention plan as a table: one line per checkpoint, newest first, with the reason.
+    With a store on this node (``store_local``) a first line says so: what the plan calls "in
+    the store" is durable (local store) only."""
+    note = [LOCAL_STORE_NOTE.format(store="the store")] if store_local else []
     if not plan:
-        return "no checkpoints under any run with a retention policy"
+        return "\n".join([*note, "no checkpoints under any run with a retention policy"])
     paint = Painter(colour)
     rows = [["RUN", "CHECKPOINT", "ACTION", "STEP", "FILES", "SIZE", "REASON"]]
     for p in plan:
@@ -162,32 +294,4 @@ def plan_text(plan: list[dict[str, Any]], mountpoint: object, colour: bool = Fal
                 p["reason"],
             ]
         )
-    return "\n".join(_table(rows, paint, [p["action"] for p in plan], column=2))
-
-
-class ProgressBar:
-    """``flush --wait`` progress on a terminal; silent otherwise."""
-
-    def __init__(self, stream: TextIO = sys.stderr) -> None:
-        self.stream = stream
-        self.enabled = stream.isatty()
-        self.total: int | None = None
-
-    def __call__(self, pending: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        if self.total is None:
-            self.total = max(1, pending["bytes"])
-        done = max(0, self.total - pending["bytes"])
-        frac = min(1.0, done / self.total)
-        bar = "#" * int(30 * frac) + "." * (30 - int(30 * frac))
-        self.stream.write(
-            f"\r[{bar}] {100 * frac:3.0f}%  {size(done)} of {size(self.total)}"
-            f"  {pending['count']} left   "
-        )
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled and self.total is not None:
-            self.stream.write("\n")
-            self.stream.flush()
+    return "\n".join(note + _table(rows, paint, [p["action"] for p in plan], column=2))

@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ckptgw.drain.checkpoints import DURABLE, FileView, Recognizer
+from ckptgw.drain.checkpoints import DRAINING, DURABLE, FileView, Recognizer
 from ckptgw.drain.engine import DrainEngine
 from ckptgw.drain.fetch import FetchStats
+from ckptgw.drain.lifecycle import Lifecycle as Retention
+from ckptgw.drain.progress import UploadProgress
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.gateway.checkpointrows import checkpoint_rows
 
 STATUS_VERSION = 1
 
@@ -49,17 +52,21 @@ class Reporter:
         recognizer: Recognizer | None = None,
         *,
         store_local: bool = False,
+        log_path: Path | None = None,
     ) -> None:
         self.mountpoint = mountpoint
         self.store_url = store_url
         # The store is on this node's own disks (--allow-local-store): its data is "durable
         # (local store)", never plain durable, in every view.
         self.store_local = store_local
+        self.log_path = log_path
         self.fs = fs
         self.engine = engine
         self.fetch_stats = fetch_stats
         self.lifecycle = Lifecycle()
         self.recognizer = recognizer or Recognizer()
+        # Pins and the store's checkpoints, as last listed (set by the daemon): status rows.
+        self.retention: Retention | None = None
         self.started = time.time()
 
     # -- files -----------------------------------------------------------------------------------
@@ -85,19 +92,38 @@ class Reporter:
         for r, rel in found:
             r = self.fs.table.current(r)
             state = self.engine.durability(r, moving)
-            out.append((r, FileView(rel, r.size, state, r.mtime_ns / 1e9)))
+            stored = r.state not in (State.DIRTY, State.UPLOADING)  # a move may be pending
+            view = FileView(rel, r.size, state, r.mtime_ns / 1e9, state == DRAINING and stored)
+            out.append((r, view))
         return out
 
     def pending(self, paths: list[str]) -> dict[str, Any]:
-        """What is not durable yet at or below ``paths`` (all of the mount if empty)."""
+        """What is not durable yet at or below ``paths`` (all of the mount if empty), and how
+        far it has got, for progress bars (``wait``, ``flush --wait``, ``umount``).
+
+        ``bytes``: the size of every entry listed, each counted once. ``bytes_sent``: the part
+        of those bytes the store has already: the parts (or single PUT) its upload finished,
+        and all of a file that waits only for a move to its name (``moving``, counted in
+        ``moves``): a move sends no bytes. ``bytes - bytes_sent`` is what is left to send;
+        ``bytes_in_flight`` is being sent now (parts under way, not yet in ``bytes_sent``)."""
         seen: dict[int, dict[str, Any]] = {}
+        in_flight = 0
         for path in paths or [""]:
             for row, view in self.files(path, dirs=True):
-                if view.state != DURABLE:
+                if view.state != DURABLE and row.id not in seen:
+                    upload = self.engine.upload_of(row.id)
+                    if view.moving:
+                        sent = view.size
+                    else:
+                        sent = min(upload.sent, view.size) if upload is not None else 0
+                    in_flight += upload.in_flight if upload is not None else 0
                     seen[row.id] = {
+                        "inode": row.id,  # stays across renames: a progress bar's key
                         "path": str(self.mountpoint / view.path),
                         "directory": stat.S_ISDIR(row.mode),
                         "size": view.size,
+                        "sent": sent,
+                        "moving": view.moving,
                         "state": view.state,
                         "open_for_writing": self._writers(row) > 0,
                         "error": self.engine.errors.get(row.id),
@@ -108,6 +134,10 @@ class Reporter:
             "count": len(files),
             "directories": sum(bool(f["directory"]) for f in files),
             "bytes": sum(int(f["size"]) for f in files),
+            "bytes_sent": sum(int(f["sent"]) for f in files),
+            "bytes_in_flight": in_flight,
+            "moves": sum(bool(f["moving"]) for f in files),
+            "store_local": self.store_local,  # "durable" then means: in a store on this node
         }
 
     def flush(self, paths: list[str]) -> dict[str, Any]:
@@ -120,6 +150,26 @@ class Reporter:
             self.engine.flush(inodes)
         return self.pending(paths)
 
+    def _upload(self, p: UploadProgress, prefix: str) -> dict[str, Any]:
+        """One upload, under the file's current name. The upload writes the key the file had
+        when it began (``sent_as``, when that differs): a rename meanwhile moves the object
+        once it is complete."""
+        ino = self.fs.table.peek(p.inode)  # pinned in memory while it uploads
+        key = self.fs.keys.entry_key(ino) if ino is not None and ino.parent is not None else None
+        rate = p.throughput
+        sent_as = None if key in (None, p.key) else p.key
+        return {
+            "path": str(self.mountpoint / (key or p.key).removeprefix(prefix)),
+            "sent_as": sent_as and str(self.mountpoint / sent_as.removeprefix(prefix)),
+            "size": p.size,
+            "sent": p.sent,
+            "in_flight": p.in_flight,
+            "phase": p.phase,
+            "elapsed": round(p.elapsed, 3),
+            "throughput": round(rate),
+            "eta": round((p.size - p.sent) / rate, 1) if rate > 0 and p.sent else None,
+        }
+
     def _writers(self, row: InodeRow) -> int:
         mem = self.fs.table.peek(row.id)
         return mem.writers if mem is not None else 0
@@ -129,40 +179,29 @@ class Reporter:
     def status(self) -> dict[str, Any]:
         now = time.time()
         files = self.files()
+        # Each file counts once, in at most one of two sums that the text and the checkpoint
+        # rows go by. dirty_bytes: files whose content the store lacks (dirty or uploading;
+        # the sum of the checkpoints' local_bytes). queue.moving_bytes: files the store holds
+        # under an old name (or with old metadata), waiting for a store operation (the sum of
+        # the checkpoints' moving_bytes). Neither counts directories.
         dirty = [(r, v) for r, v in files if r.state in (State.DIRTY, State.UPLOADING)]
+        moving = [v for _, v in files if v.moving]
         queued = [(r, v) for r, v in dirty if self._writers(r) == 0]
         since = [self.engine.dirty_since.get(r.id, r.mtime_ns / 1e9) for r, _ in dirty]
         space = self.fs.space
         retry = self.engine.stats
         prefix = self.fs.keys.prefix
-        uploads = [
-            {
-                "path": str(self.mountpoint / p.key.removeprefix(prefix)),
-                "size": p.size,
-                "sent": p.sent,
-                "elapsed": round(p.elapsed, 3),
-                "throughput": round(p.throughput),
-            }
-            for p in self.engine.running()
-        ]
-        checkpoints = [
-            {
-                "path": str(self.mountpoint / c.path) if c.path else str(self.mountpoint),
-                "step": c.step,
-                "state": c.state,
-                "files": len(c.files),
-                "bytes": c.bytes,
-                "local_bytes": c.local_bytes,
-                "mtime": round(c.mtime, 3),
-            }
-            for c in self.recognizer.group(v for _, v in files)
-        ]
+        uploads = [self._upload(p, prefix) for p in self.engine.running()]
+        checkpoints, listed = checkpoint_rows(
+            self.mountpoint, self.recognizer, (v for _, v in files), self.retention, now
+        )
         lc = self.lifecycle
         return {
             "version": STATUS_VERSION,
             "mountpoint": str(self.mountpoint),
             "store": self.store_url,
             "store_local": self.store_local,
+            "log": None if self.log_path is None else str(self.log_path),
             "pid": os.getpid(),
             "uptime": round(now - self.started, 3),
             "mode": lc.mode,
@@ -186,6 +225,8 @@ class Reporter:
                 "oldest_dirty_age": round(now - min(since), 3) if since else None,
                 "open_for_writing": len(dirty) - len(queued),
                 "store_ops": self.fs.journal.count_store_ops(),
+                "moves": len(moving),
+                "moving_bytes": sum(v.size for v in moving),
             },
             "uploads": uploads,
             "drained": {"bytes": self.engine.drained.bytes, "files": self.engine.drained.files},
@@ -203,4 +244,5 @@ class Reporter:
             "last_error": retry.last_error or None,
             "last_error_at": retry.last_error_at or None,
             "checkpoints": checkpoints,
+            **listed,  # store_listing and pins
         }

@@ -56,13 +56,15 @@ def test_bad_store_url(tmp_path: Path, runtime_dir: Path, url: str, needle: str)
 
 
 def test_missing_mountpoint(tmp_path: Path, runtime_dir: Path) -> None:
-    r = ckptgw("mount", str(tmp_path / "nope"), "--cache-dir", str(tmp_path / "c"))
+    r = ckptgw("mount", str(tmp_path / "nope"), "--cache-dir", str(tmp_path / "c"),
+               "--allow-local-store")  # fmt: skip
     assert_one_line_error(r, "does not exist")
 
 
 def test_mountpoint_is_a_file(tmp_path: Path, runtime_dir: Path) -> None:
     (tmp_path / "f").write_text("")
-    r = ckptgw("mount", str(tmp_path / "f"), "--cache-dir", str(tmp_path / "c"))
+    r = ckptgw("mount", str(tmp_path / "f"), "--cache-dir", str(tmp_path / "c"),
+               "--allow-local-store")  # fmt: skip
     assert_one_line_error(r, "not a directory")
 
 

@@ -96,8 +96,9 @@ def test_slurm_prolog_mounts_and_epilog_flushes_and_unmounts(tmp_path: Path) -> 
     mnt, cache, store = tmp_path / "mnt", tmp_path / "cache", tmp_path / "store"
     config = tmp_path / "ckptgw.toml"
     config.write_text(
-        f'[store]\nurl = "file://{store}"\n[cache]\ndir = "{cache}"\n[drain]\nsettle = 600.0\n'
-    )  # only the epilog's flush drains
+        f'[store]\nurl = "file://{store}"\nallow_local = true\n[cache]\ndir = "{cache}"\n'
+        "[drain]\nsettle = 600.0\n"
+    )  # a store in a temp dir, on purpose; only the epilog's flush drains
     wrapper = tmp_path / "ckptgw"
     wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -m ckptgw.gateway.cli "$@"\n')
     wrapper.chmod(0o755)

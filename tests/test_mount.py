@@ -248,6 +248,7 @@ def test_mount_refuses_a_busy_mountpoint_and_a_cache_dir_in_use(
         str(tmp_path / "other"),
         "--store",
         a.store,
+        "--allow-local-store",
         check=False,
     )
     assert r.returncode != 0 and "busy" in r.stderr and r.stderr.count("\n") == 1
@@ -259,6 +260,7 @@ def test_mount_refuses_a_busy_mountpoint_and_a_cache_dir_in_use(
         str(a.cache_dir),
         "--store",
         a.store,
+        "--allow-local-store",
         check=False,
     )
     assert r.returncode != 0 and "in use by another ckptgw" in r.stderr

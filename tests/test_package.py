@@ -5,6 +5,7 @@ working ``ckptgw`` script, and runs from anywhere without the checkout on the pa
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -19,25 +20,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """A wheel built from a copy of what a source distribution needs (the build writes its
+    build/ beside the sources: not into the checkout)."""
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
+    for folder in ("gateway", "fsops", "drain"):
+        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (src / "ckptgw").mkdir()
+    for name in ("pyproject.toml", "README.md", "ckptgw/__init__.py", "ckptgw/__main__.py"):
+        shutil.copy(ROOT / name, src / name)
     # No build isolation and no dependencies: the venv's setuptools builds it, offline.
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-build-isolation",
-            "--no-deps",
-            "-w",
-            str(out),
-            str(ROOT),
-        ],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps",
+         "-w", str(out), str(src)],
         check=True,
         capture_output=True,
         timeout=300,
-    )
+    )  # fmt: skip
     (found,) = out.glob("ckptgw-*.whl")
     return found
 
