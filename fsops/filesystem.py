@@ -54,6 +54,12 @@ class Filesystem:
             bound = self.journal.get_meta("store_url")
             if bound is None:
                 self.journal.set_meta("store_url", opts.store_url)
+            elif bound != opts.store_url and self.journal.holds_nothing():
+                # Nothing here to strand (e.g. a mount refused for a misspelled bucket made
+                # this cache dir): bound to the store asked for now.
+                log.info("cache dir %s held nothing for %s: bound to %s", cache_dir, bound,
+                         opts.store_url)  # fmt: skip
+                self.journal.set_meta("store_url", opts.store_url)
             elif bound != opts.store_url:
                 raise JournalError(
                     f"cache dir {cache_dir} belongs to store {bound}, not {opts.store_url}; "

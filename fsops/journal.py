@@ -600,6 +600,15 @@ class Journal:
     def count_store_ops(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM store_ops").fetchone()[0])
 
+    def holds_nothing(self) -> bool:
+        """No entry but the root, no upload and no store operation: nothing that belongs to
+        the store this cache is bound to."""
+        return not self.db.execute(
+            "SELECT EXISTS (SELECT 1 FROM inodes WHERE id != ?) "
+            "OR EXISTS (SELECT 1 FROM uploads) OR EXISTS (SELECT 1 FROM store_ops)",
+            (ROOT_INODE,),
+        ).fetchone()[0]
+
     def forget_store(self) -> tuple[int, int]:
         """Drop every upload in progress, its parts and every pending store operation: they
         name objects of a store this cache is no longer bound to. Returns (multipart uploads,

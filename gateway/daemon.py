@@ -52,7 +52,7 @@ from ckptgw.gateway.mountpoint import prepare_mountpoint
 from ckptgw.gateway.preemption import PreemptionWatcher, WatchConfig
 from ckptgw.gateway.protocol import READY_FD_ENV
 from ckptgw.gateway.status import PathError, Reporter
-from ckptgw.gateway.storecheck import what_to_fix
+from ckptgw.gateway.storecheck import explain
 from ckptgw.gateway.storeplace import local_store, local_store_problem, local_store_warning
 
 log = logging.getLogger("ckptgw")
@@ -267,10 +267,10 @@ async def check_store(store: RetryingStore, cfg: Config) -> str | None:
     try:
         await store.with_policy(MOUNT_CHECK).check()
     except StoreError as e:
-        fix = what_to_fix(e, cfg.store, cfg.endpoint_url)
-        if fix is not None:
-            raise UserError(f"store {store.url}: {e}: {fix}; not mounted") from None
-        msg = f"store {store.url}: {e}; data stays in the cache until this is fixed"
+        message, yours = explain(e, cfg.store, cfg.endpoint_url)
+        if yours:
+            raise UserError(f"{message}; not mounted") from None
+        msg = f"{message}; data stays in the cache until this is fixed"
         log.warning("%s", msg)
         return msg
     return None

@@ -21,7 +21,7 @@ from ckptgw.fsops.rebind import RebindReport, rebind
 from ckptgw.gateway.cachedir import CacheDirLock
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.render import size
-from ckptgw.gateway.storecheck import what_to_fix
+from ckptgw.gateway.storecheck import explain
 from ckptgw.gateway.storeplace import local_store, local_store_problem
 
 
@@ -72,8 +72,9 @@ async def _check(url: StoreURL, endpoint_url: str | None) -> None:
         try:
             await store.check()
         except StoreError as e:
-            fix = what_to_fix(e, url, endpoint_url) or "try again once the store is reachable"
-            raise UserError(f"store {url}: {e}: {fix}; nothing rebound") from None
+            message, yours = explain(e, url, endpoint_url)
+            later = "" if yours else ": try again once the store answers"
+            raise UserError(f"{message}{later}; nothing rebound") from None
 
 
 def describe(cache_dir: Path, r: RebindReport) -> str:

@@ -183,11 +183,14 @@ def checkpoint_lines(st: dict[str, Any], paint: Painter, now: float) -> list[str
     listing = st.get("store_listing")
     if listing:
         at = listing["listed_at"]
-        what = "not listed yet" if at is None else plural(listing["checkpoints"], "checkpoint")
-        if at is not None and listing["truncated"]:
-            what += f" in the first {listing['keys']} keys"
-        if at is not None:
-            what += f" as listed {age(max(0.0, now - at))} ago"
+        # What the store holds: the listing's checkpoints and those this node drained since.
+        stored = sum(c.get("where") in ("store", "both") for c in st["checkpoints"])
+        what = plural(stored + listing["omitted"], "checkpoint")
+        if at is None:
+            what += " (the store not listed yet)"
+        else:
+            scope = f" of the first {listing['keys']} keys" if listing["truncated"] else ""
+            what += f" (the store listed{scope} {age(max(0.0, now - at))} ago)"
         if listing["error"]:
             what += f"; the last listing failed: {listing['error']}"
         lines.append(f"  in store  {what}")

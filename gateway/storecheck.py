@@ -15,6 +15,9 @@ from ckptgw.drain.storeurl import StoreURL
 # ("Temporary failure in name resolution", EAI_AGAIN, may pass).
 _NO_SUCH_HOST = ("Name or service not known", "nodename nor servname provided")
 
+# Codes whose fix says all the store's message would (a second copy of it would only repeat).
+_SAYS_ALL = {"NoSuchBucket", "RequestTimeTooSkewed"}
+
 _CREDENTIALS = {
     "AccessDenied",
     "InvalidAccessKeyId",
@@ -26,6 +29,20 @@ _CREDENTIALS = {
 }
 
 
+SYNC_CLOCK = "sync it (timedatectl set-ntp true, or chronyc makestep)"
+
+
+def explain(e: StoreError, url: StoreURL, endpoint_url: str | None) -> tuple[str, bool]:
+    """``e`` in one line that says what to do, and whether only the user can fix it (a mount
+    then fails; otherwise it may pass by itself)."""
+    fix = what_to_fix(e, url, endpoint_url)
+    if fix is None:
+        return f"store {url}: {e}", False
+    if e.code in _SAYS_ALL:
+        return f"store {url}: {fix}", True
+    return f"store {url}: {e}: {fix}", True
+
+
 def what_to_fix(e: StoreError, url: StoreURL, endpoint_url: str | None) -> str | None:
     """What the user must change for ``e`` to go away, or None when it may pass by itself."""
     if e.code == "NoSuchBucket":
@@ -34,6 +51,8 @@ def what_to_fix(e: StoreError, url: StoreURL, endpoint_url: str | None) -> str |
             f"bucket {url.bucket!r} does not exist at {where}: check the bucket name in "
             "--store (or create the bucket)"
         )
+    if e.code == "RequestTimeTooSkewed":
+        return f"this machine's clock is more than 15 minutes off: {SYNC_CLOCK}"
     if e.code in _CREDENTIALS:
         return (
             "check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the "

@@ -23,14 +23,13 @@ from ckptgw.drain.store import Store, StoreError
 from ckptgw.drain.stores import open_store
 from ckptgw.gateway.config import Config
 from ckptgw.gateway.hostcheck import FAIL, INFO, OK, WARN, Check
-from ckptgw.gateway.storecheck import what_to_fix
+from ckptgw.gateway.storecheck import SYNC_CLOCK, explain, what_to_fix
 from ckptgw.gateway.storeplace import local_store, local_store_problem, local_store_warning
 
 STEP_TIMEOUT = 5.0  # seconds for each store call
 SKEW_WARN = 60.0  # seconds between our clock and the store's: a warning beyond
 SKEW_FAIL = 15 * 60.0  # S3 refuses requests signed further off (RequestTimeTooSkewed)
 _UNREACHABLE = ("Transport", "Timeout")
-_SYNC = "sync it (timedatectl set-ntp true, or chronyc makestep)"
 T = TypeVar("T")
 
 
@@ -88,15 +87,16 @@ def clock_check(server: float | None, local: float) -> Check:
             "clock",
             FAIL,
             f"this machine's clock is {how}: S3 refuses requests signed more than 15 minutes "
-            f"off: {_SYNC}",
+            f"off: {SYNC_CLOCK}",
         )
     if abs(skew) > SKEW_WARN:
         return Check(
             "clock",
             WARN,
-            f"this machine's clock is {how}: {_SYNC}; at 15 minutes S3 refuses every request",
+            f"this machine's clock is {how}: {SYNC_CLOCK}; at 15 minutes S3 refuses every request",
         )
-    return Check("clock", OK, f"clock agrees with the store's ({skew:+.0f} s)")
+    within = max(1, round(abs(skew)))  # the Date header counts whole seconds
+    return Check("clock", OK, f"clock agrees with the store's (within {within} s)")
 
 
 async def _step(what: str, call: Callable[[], Awaitable[T]]) -> T:
@@ -107,14 +107,7 @@ async def _step(what: str, call: Callable[[], Awaitable[T]]) -> T:
 
 
 def _failure(cfg: Config, e: StoreError) -> str:
-    fix = what_to_fix(e, cfg.store, cfg.endpoint_url)
-    if e.code == "RequestTimeTooSkewed":
-        fix = f"this machine's clock is more than 15 minutes off: {_SYNC}"
-    if fix is None:
-        return f"store {cfg.store}: {e}"
-    if e.code == "NoSuchBucket":  # the fix says all there is
-        return f"store {cfg.store}: {fix}"
-    return f"store {cfg.store}: {e}: {fix}"
+    return explain(e, cfg.store, cfg.endpoint_url)[0]
 
 
 def _key(cfg: Config, suffix: str = "") -> str:

@@ -90,6 +90,7 @@ def test_umount_of_something_not_mounted(tmp_path: Path, runtime_dir: Path) -> N
 @needs_fuse
 def test_cache_dir_bound_to_another_store(gateway: GatewayFactory, tmp_path: Path) -> None:
     gw = gateway()
+    (gw.mountpoint / "a.pt").write_bytes(b"x")
     gw.stop()
     r = gw.try_mount(store=f"file://{tmp_path / 'elsewhere'}")
     assert_one_line_error(r, "belongs to store")

@@ -281,23 +281,24 @@ def test_a_part_that_keeps_failing_delays_only_its_file(drain: Callable[..., Dra
 
 
 def test_missing_bucket_fails_the_mount_with_what_to_fix(
-    gateway: GatewayFactory, s3_endpoint: str, s3_env: object, tmp_path: Path
+    gateway: GatewayFactory, s3_endpoint: str, bucket: str
 ) -> None:
     """A misspelled bucket would strand every checkpoint written to the mount: the mount is
-    refused with one line naming the bucket, and nothing is mounted."""
-    bucket = f"bukcet-{uuid.uuid4().hex[:12]}"  # made by no other test
-    gw = gateway("gw", "--endpoint-url", s3_endpoint, store=f"s3://{bucket}/run/", start=False)
+    refused with one line naming the bucket, and nothing is mounted. The cache dir that the
+    refused mount made holds nothing, so the right bucket is then taken with no more steps."""
+    wrong = f"bukcet-{uuid.uuid4().hex[:12]}"  # made by no other test
+    gw = gateway("gw", "--endpoint-url", s3_endpoint, store=f"s3://{wrong}/run/", start=False)
     gw.expect_errors = True  # the refusal is logged as an error
     r = gw.try_mount()
     assert r.returncode != 0
     assert r.stderr.startswith("ckptgw: ") and r.stderr.count("\n") == 1, r.stderr
-    assert f"bucket {bucket!r} does not exist" in r.stderr and "check the bucket name" in r.stderr
+    assert f"bucket {wrong!r} does not exist" in r.stderr and "check the bucket name" in r.stderr
     assert mounted_fstype(gw.mountpoint.resolve()) is None
-    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
-    s3.create_bucket(Bucket=bucket)
-    gw.start()  # the name is right now
+    gw.store = f"s3://{bucket}/run/"
+    gw.start()
     (gw.mountpoint / "a.pt").write_bytes(b"x")
     gw.stop(drain=True)
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
     assert s3.get_object(Bucket=bucket, Key="run/a.pt")["Body"].read() == b"x"
 
 

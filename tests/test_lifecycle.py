@@ -406,7 +406,7 @@ def test_a_fresh_node_lists_the_checkpoints_in_the_store(setup: Setup) -> None:
     assert listing["listed_at"] and listing["checkpoints"] == 4 and not listing["truncated"]
     text = b.cli("status", str(b.mountpoint)).stdout
     assert "no files yet" not in text
-    assert "in store  4 checkpoints as listed " in text
+    assert "in store  4 checkpoints (the store listed " in text
     line = next(x for x in text.splitlines() if "run1/step_4" in x)
     assert "  store  " in line and "no: marker .metadata not in the store yet" in line
 

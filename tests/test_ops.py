@@ -341,9 +341,22 @@ def test_readdir_pages_are_stable_while_the_directory_changes(fs: Filesystem) ->
 
 
 def test_store_binding_is_checked(tmp_path: Path) -> None:
-    open_fs(tmp_path).close()
+    fs = open_fs(tmp_path)
+    fs.namespace.create_file(ROOT_INODE, b"a.pt", 0o644, ME)
+    fs.close()
     with pytest.raises(JournalError, match="belongs to store"):
         Filesystem(tmp_path, FsOptions(store_url="s3://other-bucket/"))
+
+
+def test_a_cache_that_holds_nothing_takes_the_store_asked_for(tmp_path: Path) -> None:
+    """A mount refused for a misspelled bucket leaves a cache dir bound to it with nothing in
+    it: the next mount, with the right bucket, is not refused for that."""
+    open_fs(tmp_path).close()
+    fs = Filesystem(tmp_path, FsOptions(store_url="s3://right-bucket/"))
+    try:
+        assert fs.journal.get_meta("store_url") == "s3://right-bucket/"
+    finally:
+        fs.close()
 
 
 def test_recovery_after_a_crash(tmp_path: Path) -> None:
