@@ -4,7 +4,8 @@ resume from?"), answered from memory.
 Status is synchronous and must never wait on the store, so it reads the listing kept here,
 with the time it was made: one at the start, then one in the background whenever status asks
 and the last is older than the TTL (one at a time; after a failure, not again before the TTL
-either). Nothing lists while nobody asks.
+either). Nothing lists while nobody asks; the daemon sets the TTL to a minute at least, since
+metrics scrapes and probes ask for status every few seconds.
 
 What is walked: each retention run's prefix, the same listing the retention plan makes (a plan
 hands its own here: :meth:`StoreCatalog.put`), or, with no run configured, the mount's whole

@@ -41,7 +41,7 @@ from typing import Any
 import trio
 
 from ckptgw.drain.catalog import CheckpointFile as _File
-from ckptgw.drain.catalog import StoreCatalog, list_files
+from ckptgw.drain.catalog import StoreCatalog, StoredCheckpoint, list_files
 from ckptgw.drain.checkpoints import DURABLE, FileView, Recognizer
 from ckptgw.drain.entries import read_meta
 from ckptgw.drain.retention import DELETE, TRANSITION, Candidate, Decision, Policy, plan
@@ -166,10 +166,11 @@ class Lifecycle:
         return was
 
     async def where(self, path: str) -> str | None:
-        """Where a checkpoint is: "local" (files only in this node's cache), "store" (at least
-        one object), "both", or None (nowhere: never written, or deleted)."""
+        """Where a checkpoint is, as status's rows say it: "local" (files on this node, no
+        object yet), "store" (objects, nothing on this node), "both", or None (nowhere: never
+        written, or deleted)."""
         path = path.strip("/")
-        local = any(v.state != DURABLE for v in self.local_files(path))
+        local = bool(self.local_files(path))
         stored = await self.store.head(self.prefix + path) is not None
         if not stored:
             files, _ = await list_files(self.store, self.prefix, path, 1)
@@ -265,13 +266,20 @@ class Lifecycle:
         """The retention run a checkpoint is in, if any."""
         return next((r for r in self.runs if path.startswith(r.run + "/")), None)
 
-    def judge(self, path: str, local: list[FileView], now: float) -> tuple[bool, str] | None:
+    def judge(
+        self,
+        path: str,
+        local: list[FileView],
+        now: float,
+        listed: dict[str, StoredCheckpoint] | None = None,
+    ) -> tuple[bool, str] | None:
         """For status, from memory: whether a checkpoint is complete (and what it waits for),
-        from the last listing of the store and this node's files; None outside every run."""
+        from the last listing of the store (``listed``: the catalog's checkpoints, when the
+        caller has them already) and this node's files; None outside every run."""
         run = self.run_of(path)
         if run is None:
             return None
-        stored = self.catalog.checkpoints().get(path)
+        stored = (self.catalog.checkpoints() if listed is None else listed).get(path)
         files = list(self.merge(stored.files if stored else [], local).values())
         return self._complete(run, path, files, now) if files else None
 

@@ -98,7 +98,7 @@ def checkpoint_rows(
             )
         judged = None
         if retention is not None and c.step is not None:
-            judged = retention.judge(c.path, c.files, now)
+            judged = retention.judge(c.path, c.files, now, stored)
         # In the store too: listed there, or every file drained (the listing may be older).
         where = "both" if s is not None or c.state == DURABLE else "local"
         rows.append(_row(mountpoint, view, where, judged, c.path in pinned))
@@ -116,7 +116,7 @@ def checkpoint_rows(
         view = CheckpointView(
             s.path, s.step, [FileView(f.path, f.size, DURABLE, f.mtime) for f in _files(s.files)]
         )
-        judged = retention.judge(s.path, [], now) if retention is not None else None
+        judged = retention.judge(s.path, [], now, stored) if retention is not None else None
         rows.append(_row(mountpoint, view, "store", judged, s.path in pinned))
     _order(rows)
     extra: dict[str, Any] = {"store_listing": None, "pins": None}

@@ -2,7 +2,8 @@
 
     from ckptgw.gateway.client import wait_durable
     torch.save(state, "/mnt/ckpt/step_100/model.pt")
-    wait_durable("/mnt/ckpt/step_100", timeout=600)   # in the store, would survive the node
+    wait_durable("/mnt/ckpt/step_100", timeout=600)   # in the store (status says whether
+                                                      # that is on this node: store_local)
 
 Every failure is a :class:`~gateway.errors.UserError` with one line that says what to do.
 """

@@ -14,6 +14,7 @@ left stays in the journal and drains at the next mount of the same cache.
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
 import logging.handlers
@@ -52,7 +53,7 @@ from ckptgw.gateway.mountpoint import prepare_mountpoint
 from ckptgw.gateway.preemption import PreemptionWatcher, WatchConfig
 from ckptgw.gateway.protocol import READY_FD_ENV
 from ckptgw.gateway.status import PathError, Reporter
-from ckptgw.gateway.storecheck import explain
+from ckptgw.gateway.storecheck import explain, may_come_right
 from ckptgw.gateway.storeplace import local_store, local_store_problem, local_store_warning
 
 log = logging.getLogger("ckptgw")
@@ -92,9 +93,8 @@ def setup_logging(cfg: Config) -> Path:
     root.setLevel(cfg.log_level.upper())
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = cfg.log_path
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _claim_log(path)
     fh = logging.handlers.RotatingFileHandler(path, maxBytes=16 << 20, backupCount=3)
-    os.chmod(path, 0o600)
     fh.setFormatter(fmt)
     root.addHandler(fh)
     for noisy in ("httpx", "httpx2", "httpcore", "aiobotocore", "botocore"):
@@ -104,6 +104,27 @@ def setup_logging(cfg: Config) -> Path:
         sh.setFormatter(logging.Formatter("ckptgw: %(levelname)s %(message)s"))
         root.addHandler(sh)
     return path
+
+
+def _claim_log(path: Path) -> None:
+    """Make the log file ours and private before logging to it. It must not be a symbolic link
+    or someone else's file: a daemon running as root that followed a link planted in a shared
+    directory (``--log-file /tmp/...``) would append to, and chmod, whatever it points at."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        why = "it is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        raise UserError(f"log file {path}: {why}; choose another --log-file") from None
+    try:
+        owner = os.fstat(fd).st_uid
+        if owner != os.geteuid():
+            raise UserError(
+                f"log file {path} belongs to uid {owner}, not to you; choose another --log-file"
+            )
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
 
 
 def mount_options(cfg: Config) -> set[str]:
@@ -263,20 +284,30 @@ def drain_config(cfg: Config) -> DrainConfig:
 
 async def check_store(store: RetryingStore, cfg: Config) -> str | None:
     """Fail the mount (UserError) on a store error only the user can fix; a one-line warning
-    for one that may pass (the drain keeps retrying, so fixing it needs no remount)."""
-    try:
-        await store.with_policy(MOUNT_CHECK).check()
-    except StoreError as e:
-        message, yours = explain(e, cfg.store, cfg.endpoint_url)
-        if yours:
-            raise UserError(f"{message}; not mounted") from None
-        msg = f"{message}; data stays in the cache until this is fixed"
-        log.warning("%s", msg)
-        return msg
-    return None
+    for one that may pass (the drain keeps retrying, so fixing it needs no remount). What may
+    be a node still starting (no credentials from the instance role yet, no network) is
+    checked again for up to ``MOUNT_PATIENCE`` seconds before the mount fails."""
+    deadline = trio.current_time() + MOUNT_PATIENCE
+    while True:
+        try:
+            await store.with_policy(MOUNT_CHECK).check()
+            return None
+        except StoreError as e:
+            message, yours = explain(e, cfg.store, cfg.endpoint_url)
+            if yours and may_come_right(e) and trio.current_time() < deadline:
+                log.info("%s; checking again (the node may still be starting)", message)
+                await trio.sleep(2.0)
+                continue
+            if yours:
+                raise UserError(f"{message}; not mounted") from None
+            msg = f"{message}; data stays in the cache until this is fixed"
+            log.warning("%s", msg)
+            return msg
 
 
 MOUNT_CHECK = RetryPolicy(attempts=3, base=0.2, cap=2.0)
+STORE_CHECKPOINTS_TTL = 60.0  # seconds the store's checkpoints shown by status are reused
+MOUNT_PATIENCE = 30.0  # seconds a mount waits for credentials or a network that may come
 LISTING = RetryPolicy(attempts=3, base=0.05, cap=1.0)  # on the path of a lookup: few tries
 
 
@@ -492,7 +523,9 @@ async def _serve(
             cfg.bucket_rules,
             lambda path: [v for _, v in _files_or_none(reporter, path)],
             reporter.recognizer,
-            listing_ttl=cfg.listing_ttl,
+            # what status shows of the store is listed again at most this often (Prometheus
+            # scrapes and probes ask for status every few seconds)
+            listing_ttl=max(cfg.listing_ttl, STORE_CHECKPOINTS_TTL),
         )
         reporter.retention = lifecycle  # status shows its pins and the store's checkpoints
         await nursery.start(lifecycle.run)

@@ -20,7 +20,7 @@ from ckptgw.fsops.journal import Journal, JournalError
 from ckptgw.fsops.rebind import RebindReport, rebind
 from ckptgw.gateway.cachedir import CacheDirLock
 from ckptgw.gateway.errors import UserError
-from ckptgw.gateway.render import size
+from ckptgw.gateway.render import plural, size
 from ckptgw.gateway.storecheck import explain
 from ckptgw.gateway.storeplace import local_store, local_store_problem
 
@@ -80,15 +80,20 @@ async def _check(url: StoreURL, endpoint_url: str | None) -> None:
 def describe(cache_dir: Path, r: RebindReport) -> str:
     lines = [
         f"{cache_dir}: bound to {r.new} (was {r.old})",
-        f"  {r.entries} entries ({size(r.bytes)}) go to {r.new} at the next mount of this cache",
+        f"  {plural(r.entries, 'entry', 'entries')} ({size(r.bytes)}) go to {r.new} at the next "
+        "mount of this cache",
     ]
     if r.forgotten:
-        lines.append(f"  {r.forgotten} entries only {r.old} has are no longer listed here")
+        lines.append(
+            f"  {plural(r.forgotten, 'entry', 'entries')} only {r.old} has: no longer listed "
+            "here (they stay there)"
+        )
     if r.uploads:
         lines.append(
-            f"  {r.uploads} multipart uploads to {r.old} abandoned (a bucket rule "
+            f"  {plural(r.uploads, 'multipart upload')} to {r.old} abandoned (a bucket rule "
             "AbortIncompleteMultipartUpload removes their parts: ckptgw lifecycle rules)"
         )
     if r.store_ops:
-        lines.append(f"  {r.store_ops} renames/deletes in {r.old} not carried out")
+        ops = plural(r.store_ops, "store operation")
+        lines.append(f"  {ops} in {r.old} (renames, deletes, metadata) not carried out")
     return "\n".join(lines)

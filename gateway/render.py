@@ -204,7 +204,6 @@ def checkpoint_lines(st: dict[str, Any], paint: Painter, now: float) -> list[str
     states = []
     for c in cps[:MAX_CHECKPOINTS]:
         name = c["path"] if c["step"] is not None else c["path"].rstrip("/") + "/*"
-        complete = c.get("complete")
         states.append(state_text(c["state"], bool(st.get("store_local"))))
         rows.append(
             [
@@ -216,19 +215,37 @@ def checkpoint_lines(st: dict[str, Any], paint: Painter, now: float) -> list[str
                 size(c["bytes"]),
                 _not_durable(c),
                 age(now - c["mtime"]),
-                "-" if complete is None else "yes" if complete else f"no: {c['waiting']}",
+                _complete(c),
             ]
         )
     lines.append("")
     lines += ["  " + r for r in _table(rows, paint, states)]
     if len(cps) > MAX_CHECKPOINTS:
         lines.append(f"  ... and {len(cps) - MAX_CHECKPOINTS} older (--json lists all)")
+    if any(_complete(c) == UNKNOWN for c in cps[:MAX_CHECKPOINTS]):
+        lines.append(UNKNOWN_NOTE)
     if listing and listing["omitted"]:
         lines.append(
             f"  ... and {listing['omitted']} older only in the store (the newest"
             f" {listing['per_directory']} of each directory are listed)"
         )
     return lines
+
+
+def _complete(c: dict[str, Any]) -> str:
+    """A checkpoint's COMPLETE cell. Outside every retention run nothing says whether all its
+    files were written: for one only in the store (a node may have died part-way through its
+    drain) that is "unknown", said out loud, never left blank."""
+    if c.get("complete") is None:
+        return UNKNOWN if c.get("where") == "store" else "-"
+    return "yes" if c["complete"] else f"no: {c['waiting']}"
+
+
+UNKNOWN = "unknown"
+UNKNOWN_NOTE = (
+    "  COMPLETE unknown: no [[retention]] run covers it, so nothing says whether all its files "
+    "were written (set\n  retention.marker, e.g. .metadata for DCP, or quiet)"
+)
 
 
 def _not_durable(c: dict[str, Any]) -> str:

@@ -43,6 +43,15 @@ def explain(e: StoreError, url: StoreURL, endpoint_url: str | None) -> tuple[str
     return f"store {url}: {e}: {fix}", True
 
 
+def may_come_right(e: StoreError) -> bool:
+    """Whether an error only the user can fix may still be a node that is starting: credentials
+    from an instance role not served yet, the network not up. Worth a bounded wait at mount;
+    a name that does not resolve, a missing bucket or refused credentials are not."""
+    if e.code == "NoCredentials":
+        return True
+    return e.code == "Transport" and not any(s in str(e) for s in _NO_SUCH_HOST)
+
+
 def what_to_fix(e: StoreError, url: StoreURL, endpoint_url: str | None) -> str | None:
     """What the user must change for ``e`` to go away, or None when it may pass by itself."""
     if e.code == "NoSuchBucket":

@@ -8,9 +8,11 @@ store)", never plain durable."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ckptgw.drain.storeurl import StoreURL
 from ckptgw.gateway.mountpoint import existing_parent, unescape
@@ -109,3 +111,17 @@ def local_store_warning(url: StoreURL) -> str:
         f"store {url} is on this node ({place}), allowed by --allow-local-store: checkpoints "
         "are not safe from losing this node"
     )
+
+
+def endpoint_on_this_node(endpoint_url: str | None) -> bool:
+    """Whether an S3 endpoint is a loopback address (MinIO on this node, or a proxy to storage
+    elsewhere: which of the two cannot be told from here, so this is never a refusal)."""
+    host = urlsplit(endpoint_url or "").hostname
+    if host is None:
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

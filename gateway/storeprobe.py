@@ -24,7 +24,12 @@ from ckptgw.drain.stores import open_store
 from ckptgw.gateway.config import Config
 from ckptgw.gateway.hostcheck import FAIL, INFO, OK, WARN, Check
 from ckptgw.gateway.storecheck import SYNC_CLOCK, explain, what_to_fix
-from ckptgw.gateway.storeplace import local_store, local_store_problem, local_store_warning
+from ckptgw.gateway.storeplace import (
+    endpoint_on_this_node,
+    local_store,
+    local_store_problem,
+    local_store_warning,
+)
 
 STEP_TIMEOUT = 5.0  # seconds for each store call
 SKEW_WARN = 60.0  # seconds between our clock and the store's: a warning beyond
@@ -38,11 +43,11 @@ def store_checks(cfg: Config) -> list[Check]:
         creds = credentials_check()
         if creds.status == FAIL:
             return [creds]
-        return [creds, *trio.run(_probe, cfg)]
-    out = trio.run(_probe, cfg)
-    if all(c.status != FAIL for c in out):
-        out.append(place_check(cfg))
-    return out
+        return [creds, *trio.run(_probe, cfg), place_check(cfg)]
+    place = place_check(cfg)  # first: a store doctor would refuse is not created
+    if place.status == FAIL:
+        return [place]
+    return [*trio.run(_probe, cfg), place]
 
 
 def credentials_check() -> Check:
@@ -68,7 +73,17 @@ def credentials_check() -> Check:
 
 def place_check(cfg: Config) -> Check:
     """A store on this node's own disk is lost with the node: the mount refuses it unless
-    allowed, and even then it is a warning."""
+    allowed, and even then it is a warning. An S3 endpoint on loopback is a warning."""
+    if cfg.store.scheme == "s3":
+        if endpoint_on_this_node(cfg.endpoint_url):
+            return Check(
+                "store-place",
+                WARN,
+                f"store endpoint {cfg.endpoint_url} is on this node: if that server keeps its "
+                "data here (MinIO on this node, not a proxy to storage elsewhere), checkpoints "
+                "are lost with the node",
+            )
+        return Check("store-place", OK, f"store {cfg.store} is not on this node's disks")
     if local_store(cfg.store) is None:
         return Check("store-place", OK, f"store {cfg.store} is on a shared filesystem")
     if cfg.allow_local_store:

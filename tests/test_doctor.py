@@ -16,7 +16,7 @@ from ckptgw.gateway.storeprobe import clock_check
 from tests.conftest import GatewayFactory, needs_fuse
 
 # Lines whose status depends on the machine, not on what the test set up.
-_MACHINE = ("passthrough", "O_DIRECT")
+_MACHINE = ("passthrough", "O_DIRECT", "is on this node")
 
 
 def doctor(*args: str) -> subprocess.CompletedProcess[str]:
@@ -35,8 +35,9 @@ def lines(r: subprocess.CompletedProcess[str], label: str) -> list[str]:
 
 def line_with(r: subprocess.CompletedProcess[str], label: str, needle: str) -> str:
     """The one line with ``label`` (ok, warn, info, FAIL) that says ``needle``."""
-    (line,) = [x for x in lines(r, label) if needle in x] or [r.stdout]
-    return line
+    found = [x for x in lines(r, label) if needle in x]
+    assert len(found) == 1, f"no one {label} line with {needle!r} in:\n{r.stdout}"
+    return found[0]
 
 
 def file_store(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -57,6 +58,10 @@ def test_all_ok_against_s3_and_nothing_left_in_the_bucket(
         str(tmp_path / "mnt"),
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
+    # moto listens on loopback: as MinIO on the node would, so the place is a warning
+    assert "is on this node: if that server keeps its data here" in line_with(
+        r, "warn", f"store endpoint {s3_endpoint}"
+    )
     for line in r.stdout.splitlines():
         assert line.startswith("ok ") or any(m in line for m in _MACHINE), line
     for needle in (
@@ -121,6 +126,7 @@ def test_a_local_file_store_is_refused_unless_allowed_then_a_warning(tmp_path: P
     assert r.returncode == 1
     fail = line_with(r, "FAIL", "is lost with this node")
     assert "--allow-local-store" in fail
+    assert not (tmp_path / "store").exists()  # refused: not made either
 
     r = file_store(tmp_path, "--allow-local-store", "--json")
     found = json.loads(r.stdout)

@@ -5,6 +5,7 @@ busy unmount that names who holds it, a status --watch that outlives its gateway
 from __future__ import annotations
 
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -75,6 +76,23 @@ def test_log_flags_put_the_log_where_asked(gateway: GatewayFactory, tmp_path: Pa
     text = log.read_text()
     assert " DEBUG " in text and "mounted" in text
     assert not (gw.cache_dir / "ckptgw.log").exists()
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
+@needs_fuse
+@one_path
+def test_a_log_file_that_is_a_link_is_refused(gateway: GatewayFactory, tmp_path: Path) -> None:
+    """A daemon running as root must not write (or chmod) through a link planted where the
+    log would go."""
+    target = tmp_path / "precious"
+    target.write_text("not a log")
+    target.chmod(0o644)
+    link = tmp_path / "gw.log"
+    link.symlink_to(target)
+    gw = gateway("gw", "--log-file", str(link), start=False)
+    r = gw.try_mount()
+    assert_one_line_error(r, "is a symbolic link", "--log-file")
+    assert target.read_text() == "not a log" and stat.S_IMODE(target.stat().st_mode) == 0o644
 
 
 @needs_fuse

@@ -354,7 +354,7 @@ def test_pin_only_what_exists_unpin_says_so_and_pins_lists_them(setup: Setup) ->
 
     listed = json.loads(a.cli("pins", str(a.mountpoint), "--json").stdout)["pins"]
     assert {p["path"]: p["where"] for p in listed} == {
-        "run1/step_1": "store",
+        "run1/step_1": "both",  # as status says it: on this node and in the store
         "run1/step_9": "local",
     }
     assert all(p["pinned_at"] for p in listed)
@@ -430,6 +430,14 @@ def test_without_retention_runs_status_still_finds_the_stores_checkpoints(
     for c in rows_of(b).values():
         assert (c["where"], c["complete"], c["pinned"]) == ("store", None, False)
     assert b.status()["store_listing"]["roots"] == [""]
+    # Nothing says whether they are whole (a node may have died part-way through its drain):
+    # the text says so, it does not leave the cell blank.
+    text = b.cli("status", str(b.mountpoint)).stdout
+    assert (
+        "global_step20" in text
+        and " unknown" in text
+        and "COMPLETE unknown: no [[retention]]" in text
+    )
 
 
 def test_a_plan_before_quiet_says_what_completeness_waits_for(setup: Setup) -> None:

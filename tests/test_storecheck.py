@@ -1,0 +1,43 @@
+"""What a store error at mount means (gateway/storecheck.py): the user's to fix (the mount
+fails, saying what), maybe a node still starting (checked again for a while), or one that may
+pass (a warning). The end-to-end cases run against moto in test_drain.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptgw.drain.store import StoreError
+from ckptgw.drain.storeurl import parse_store_url
+from ckptgw.gateway.storecheck import explain, may_come_right
+
+URL = parse_store_url("s3://my-bucket/run/")
+NO_DNS = "Transport: ConnectError: [Errno -2] Name or service not known"
+NO_NET = "Transport: ConnectError: [Errno 111] Connection refused"
+
+
+@pytest.mark.parametrize(
+    "code, message, endpoint, yours, wait, says",
+    [
+        ("NoSuchBucket", "the bucket does not exist", None, True, False, "check the bucket name"),
+        ("InvalidAccessKeyId", "access denied", "http://s3:9000", True, False, "credentials"),
+        ("NoCredentials", "no credentials found", None, True, True, "credentials"),
+        ("PermanentRedirect", "moved", None, True, False, "AWS_REGION"),
+        ("RequestTimeTooSkewed", "skewed", None, True, False, "clock"),
+        ("Transport", NO_NET, None, True, True, "--endpoint-url"),
+        ("Transport", NO_DNS, None, True, False, "--endpoint-url"),
+        ("Transport", NO_DNS, "http://minio.lan:9000", True, False, "does not resolve"),
+        ("Transport", NO_NET, "http://minio.lan:9000", False, True, NO_NET),
+        ("SlowDown", "503 SlowDown", None, False, False, "SlowDown"),
+    ],
+)
+def test_store_errors_at_mount(
+    code: str, message: str, endpoint: str | None, yours: bool, wait: bool, says: str
+) -> None:
+    temporary = code in ("Transport", "SlowDown", "RequestTimeTooSkewed")
+    e = StoreError(f"checking bucket my-bucket: {message}", temporary=temporary, code=code)
+    line, is_yours = explain(e, URL, endpoint)
+    assert is_yours is yours
+    assert line.startswith("store s3://my-bucket/run/: ") and says in line, line
+    assert "\n" not in line
+    if yours:
+        assert may_come_right(e) is wait
