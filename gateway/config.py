@@ -13,6 +13,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ckptgw.drain.lifecycle import BucketRules, RunPolicy
 from ckptgw.drain.retention import Policy
@@ -21,6 +22,25 @@ from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.settings import BY_NAME, SECTIONS, default, known, parse_size
 
 __all__ = ["Config", "cache_home", "data_home", "load_config", "parse_size"]
+
+
+def _endpoint(url: str | None) -> str | None:
+    """An S3 endpoint: http(s)://HOST[:PORT], with no credentials in it (they would show in
+    errors and status: the AWS credential chain carries them)."""
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        raise UserError(
+            "--endpoint-url (store.endpoint_url, AWS_ENDPOINT_URL): credentials do not belong "
+            "in the URL; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or a profile instead"
+        )
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(
+            f"--endpoint-url (store.endpoint_url, AWS_ENDPOINT_URL) {url!r} is not "
+            "http(s)://HOST[:PORT]"
+        )
+    return url
 
 
 def _escape_path(path: Path) -> str:
@@ -177,8 +197,9 @@ def load_config(
         mountpoint=mp,
         store=store_url,
         cache_dir=Path(os.path.abspath(cdir)),
-        endpoint_url=get("store.endpoint_url", endpoint_url or None)
-        or os.environ.get("AWS_ENDPOINT_URL"),
+        endpoint_url=_endpoint(
+            get("store.endpoint_url", endpoint_url or None) or os.environ.get("AWS_ENDPOINT_URL")
+        ),
         allow_other=get("mount.allow_other", allow_other),
         writeback_cache=get("mount.writeback_cache"),
         passthrough=get("mount.passthrough", passthrough),

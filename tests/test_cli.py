@@ -177,3 +177,19 @@ def test_config_precedence(tmp_path: Path) -> None:
     assert parse_size("512MiB", "x") == 512 << 20 and parse_size(4096, "x") == 4096
     with pytest.raises(UserError):
         parse_size("lots", "cache.reserve")
+
+
+@pytest.mark.parametrize(
+    "endpoint, needle",
+    [
+        ("http://key:secret@127.0.0.1:9000", "credentials do not belong"),
+        ("127.0.0.1:9000", "is not http(s)://HOST[:PORT]"),
+        ("ftp://host", "is not http(s)://HOST[:PORT]"),
+    ],
+)
+def test_bad_endpoint_urls(tmp_path: Path, runtime_dir: Path, endpoint: str, needle: str) -> None:
+    (tmp_path / "mnt").mkdir()
+    r = ckptgw("mount", str(tmp_path / "mnt"), "--store", "s3://some-bucket/",
+               "--endpoint-url", endpoint)  # fmt: skip
+    assert_one_line_error(r, needle)
+    assert "secret" not in r.stderr
