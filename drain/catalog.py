@@ -7,11 +7,14 @@ and the last is older than the TTL (one at a time; after a failure, not again be
 either). Nothing lists while nobody asks; the daemon sets the TTL to a minute at least, since
 metrics scrapes and probes ask for status every few seconds.
 
-What is walked: each retention run's prefix, the same listing the retention plan makes (a plan
-hands its own here: :meth:`StoreCatalog.put`), or, with no run configured, the mount's whole
-prefix. A walk stops after ``max_keys`` keys and says so (``truncated``); the recognizer groups
-what it saw into checkpoints. The gateway's own keys (``.ckptgw-...`` at the root: the pins) are
-left out.
+What is walked: each retention run's prefix (a retention plan hands its own full listing of a
+run here: :meth:`StoreCatalog.put`), or, with no run configured, the mount's whole prefix. The
+walk goes one directory level at a time (delimiter listings), so that it can take the newest
+checkpoints of each directory by step, not the first keys in key order (``step_000100`` sorts
+before ``step_000200``: a walk cut off in key order keeps the oldest). Of each directory it
+lists the files of the newest ``per_dir`` checkpoints and counts the rest (``omitted``); it
+stops after ``max_keys`` keys or ``max_requests`` listings and says so (``truncated``). The
+gateway's own keys (``.ckptgw-...``: the pins, directory markers) are left out.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from ckptgw.fsops.names import RESERVED
 
 log = logging.getLogger(__name__)
 
-MAX_KEYS = 10_000  # per walk: ten S3 pages
+MAX_KEYS = 10_000  # files listed per walk
+MAX_REQUESTS = 200  # listings per walk: directory levels and checkpoints' files
+PER_DIRECTORY = 20  # the newest checkpoints of each directory whose files are listed
 
 
 @dataclass
@@ -62,6 +67,71 @@ class _Walk:
     keys: int
     truncated: bool
     at: float
+    omitted: int = 0  # checkpoints seen but older than the newest PER_DIRECTORY of their dir
+
+
+@dataclass
+class Walked:
+    """What one walk found: the files of the checkpoints it listed, how many older ones it
+    left out, and whether it stopped at a bound before seeing everything."""
+
+    files: list[CheckpointFile]
+    omitted: int = 0
+    truncated: bool = False
+
+
+async def walk_checkpoints(
+    store: Store,
+    prefix: str,
+    root: str,
+    recognizer: Recognizer,
+    *,
+    per_dir: int = PER_DIRECTORY,
+    max_keys: int = MAX_KEYS,
+    max_requests: int = MAX_REQUESTS,
+) -> Walked:
+    """The files of the newest ``per_dir`` checkpoints of every directory under ``root`` (a
+    path in the mount; "" for all of it), one delimiter listing per directory level."""
+    out = Walked([])
+    levels = [root.strip("/")]
+    requests = 0
+    while levels:
+        if requests >= max_requests:
+            out.truncated = True
+            break
+        rel = levels.pop(0)
+        level = await store.list_dir(prefix + (f"{rel}/" if rel else ""))
+        requests += 1
+        found: list[tuple[int, str, ObjectInfo | None]] = []  # (step, path, object if a file)
+        for d in level.dirs:
+            path = d[len(prefix) :].rstrip("/")
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith(RESERVED.decode()):
+                continue
+            step = recognizer.step(name)
+            if step is None:
+                levels.append(path)
+            else:
+                found.append((step, path, None))
+        for o in level.objects:
+            path = o.key[len(prefix) :]
+            step = recognizer.step(path.rsplit("/", 1)[-1])
+            if step is not None and not path.rsplit("/", 1)[-1].startswith(RESERVED.decode()):
+                found.append((step, path, o))
+        found.sort(key=lambda f: f[0], reverse=True)
+        out.omitted += max(0, len(found) - per_dir)
+        for _, path, obj in found[:per_dir]:
+            if obj is not None:
+                out.files.append(CheckpointFile(path, obj.key, obj.size, True, obj.mtime))
+                continue
+            if len(out.files) >= max_keys or requests >= max_requests:
+                out.truncated = True
+                return out
+            files, more = await list_files(store, prefix, path, max_keys - len(out.files))
+            requests += 1 + len(files) // 1000  # a LIST page holds 1,000 keys
+            out.files += files
+            out.truncated |= more
+    return out
 
 
 async def list_files(
@@ -126,6 +196,11 @@ class StoreCatalog:
     def keys(self) -> int:
         return sum(w.keys for w in self._walks.values())
 
+    @property
+    def omitted(self) -> int:
+        """Checkpoints the walks saw but did not list, older than the newest of their dir."""
+        return sum(w.omitted for w in self._walks.values())
+
     def checkpoints(self) -> dict[str, StoredCheckpoint]:
         return {p: c for w in self._walks.values() for p, c in w.checkpoints.items()}
 
@@ -136,7 +211,9 @@ class StoreCatalog:
 
     # -- keeping it ------------------------------------------------------------------------------
 
-    def put(self, root: str, files: list[CheckpointFile], truncated: bool) -> None:
+    def put(
+        self, root: str, files: list[CheckpointFile], truncated: bool, omitted: int = 0
+    ) -> None:
         """A listing of ``root`` (made here, or by the retention plan) replaces the last one."""
         groups: dict[str, StoredCheckpoint] = {}
         for f in files:
@@ -147,7 +224,7 @@ class StoreCatalog:
             if cp is None:
                 cp = groups[path] = StoredCheckpoint(path, step, [])
             cp.files.append(f)
-        self._walks[root.strip("/")] = _Walk(groups, len(files), truncated, time.time())
+        self._walks[root.strip("/")] = _Walk(groups, len(files), truncated, time.time(), omitted)
 
     def forget(self, path: str) -> None:
         """A checkpoint deleted by this node: gone from the listing at once."""
@@ -158,8 +235,10 @@ class StoreCatalog:
         self._tried = time.monotonic()
         try:
             for root in self.roots:
-                files, truncated = await list_files(self.store, self.prefix, root, self.max_keys)
-                self.put(root, files, truncated)
+                walked = await walk_checkpoints(
+                    self.store, self.prefix, root, self.recognizer, max_keys=self.max_keys
+                )
+                self.put(root, walked.files, walked.truncated, walked.omitted)
         except StoreError as e:
             self.error = str(e)
             log.warning("listing the store's checkpoints failed: %s", e)

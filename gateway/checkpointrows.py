@@ -19,11 +19,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ckptgw.drain.catalog import CheckpointFile
+from ckptgw.drain.catalog import PER_DIRECTORY, CheckpointFile
 from ckptgw.drain.checkpoints import DURABLE, CheckpointView, FileView, Recognizer
 from ckptgw.drain.lifecycle import Lifecycle
 
-STORE_ROWS = 20  # checkpoints only in the store shown per directory (a run), newest first
+# checkpoints only in the store shown per directory (a run), newest first: those the walk lists
+STORE_ROWS = PER_DIRECTORY
 
 
 def _row(
@@ -129,7 +130,7 @@ def checkpoint_rows(
             "keys": cat.keys,
             "truncated": cat.truncated,
             "checkpoints": len(stored),
-            "omitted": omitted,
+            "omitted": omitted + cat.omitted,
             "per_directory": STORE_ROWS,
             "error": cat.error,
         }
