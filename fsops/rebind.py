@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import ROOT_INODE, State
+from ckptgw.fsops.names import KEY_MAX
 
 
 @dataclass
@@ -26,12 +27,18 @@ class RebindReport:
     store_ops: int = 0  # moves and deletes in the old store not carried out
 
 
-def rebind(fs: Filesystem, new_url: str) -> RebindReport:
-    """Bind ``fs``'s cache dir to ``new_url``; ``fs`` must not be mounted."""
+class RebindError(ValueError):
+    """The cache cannot go to that store as it is; nothing was changed."""
+
+
+def rebind(fs: Filesystem, new_url: str, key_prefix: str) -> RebindReport:
+    """Bind ``fs``'s cache dir to ``new_url``, whose keys start with ``key_prefix``; ``fs``
+    must not be mounted. RebindError, with nothing changed, if a key would be too long."""
     journal = fs.journal
     report = RebindReport(old=journal.get_meta("store_url") or "", new=new_url)
     # Deepest first: a remote directory is forgotten once its remote entries are.
     tree = sorted(journal.subtree(ROOT_INODE), key=lambda e: -e[1].count("/"))
+    _check_keys(fs, tree, key_prefix)
     with journal.transaction():
         for inode, _ in tree:
             row = journal.get(inode)
@@ -48,3 +55,23 @@ def rebind(fs: Filesystem, new_url: str) -> RebindReport:
         journal.set_meta("store_url", new_url)
     journal.barrier_sync()
     return report
+
+
+def _check_keys(fs: Filesystem, tree: list[tuple[int, str]], key_prefix: str) -> None:
+    """Every entry that goes to the new store must have a key S3 takes (a longer prefix can
+    push a deep path past 1,024 bytes; the drain could then never send it)."""
+    too_long = []
+    for inode, rel in tree:
+        row = fs.journal.get(inode)
+        if row is None or (row.state is State.REMOTE and not row.is_dir):
+            continue
+        key = key_prefix + rel + ("/" if row.is_dir else "")  # a directory's marker key
+        if len(key.encode()) > KEY_MAX:
+            too_long.append(rel)
+    if too_long:
+        shown = ", ".join(sorted(too_long)[:3]) + (", ..." if len(too_long) > 3 else "")
+        raise RebindError(
+            f"{len(too_long)} path{'s' if len(too_long) != 1 else ''} would have keys longer "
+            f"than {KEY_MAX} bytes under the "
+            f"prefix {key_prefix!r} ({shown}): choose a shorter prefix"
+        )

@@ -17,7 +17,7 @@ from ckptgw.drain.stores import open_store
 from ckptgw.drain.storeurl import StoreURL, StoreURLError, parse_store_url
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal import Journal, JournalError
-from ckptgw.fsops.rebind import RebindReport, rebind
+from ckptgw.fsops.rebind import RebindError, RebindReport, rebind
 from ckptgw.gateway.cachedir import CacheDirLock
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.render import plural, size
@@ -49,10 +49,10 @@ def rebind_cache(
         trio.run(_check, url, endpoint_url)
         fs = Filesystem(cache_dir, FsOptions(store_url=old, key_prefix=""))
         try:
-            return rebind(fs, str(url))
+            return rebind(fs, str(url), url.key_prefix)
         finally:
             fs.close()
-    except JournalError as e:
+    except (JournalError, RebindError) as e:
         raise UserError(str(e)) from None
     finally:
         lock.release()

@@ -401,3 +401,20 @@ def test_buffered_mode_without_direct_io(tmp_path: Path) -> None:
         check_consistent(f)
     finally:
         f.close()
+
+
+def test_rebind_refuses_a_prefix_that_makes_a_key_too_long(tmp_path: Path) -> None:
+    """Keys were checked against the old prefix when the files were made; a longer one could
+    leave a file the drain can never send. Nothing changes then."""
+    from ckptgw.fsops.rebind import RebindError, rebind
+
+    fs = open_fs(tmp_path)
+    d = fs.namespace.mkdir(ROOT_INODE, b"d" * 250, 0o755, ME)
+    d = fs.namespace.mkdir(d.id, b"e" * 250, 0o755, ME)
+    fs.namespace.create_file(d.id, b"f" * 250 + b".pt", 0o644, ME)
+    with pytest.raises(RebindError, match="1 path would have keys longer than 1024 bytes"):
+        rebind(fs, "s3://other-bucket/" + "p" * 300 + "/", "p" * 300 + "/")
+    assert fs.journal.get_meta("store_url") == STORE
+    report = rebind(fs, "s3://other-bucket/short/", "short/")
+    assert (report.entries, fs.journal.get_meta("store_url")) == (3, "s3://other-bucket/short/")
+    fs.close()
