@@ -294,7 +294,8 @@ async def check_store(store: RetryingStore, cfg: Config) -> str | None:
             return None
         except StoreError as e:
             message, yours = explain(e, cfg.store, cfg.endpoint_url)
-            if yours and may_come_right(e) and trio.current_time() < deadline:
+            wait = yours and trio.current_time() < deadline
+            if wait and await trio.to_thread.run_sync(may_come_right, e, cfg.endpoint_url):
                 log.info("%s; checking again (the node may still be starting)", message)
                 await trio.sleep(2.0)
                 continue

@@ -8,8 +8,14 @@ will not pass by itself fails the mount with one line that says what to fix; one
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
 from ckptgw.drain.store import StoreError
 from ckptgw.drain.storeurl import StoreURL
+
+DEFAULT_S3_HOST = "s3.amazonaws.com"  # where the client goes without an endpoint URL
 
 # getaddrinfo's "no such name" (EAI_NONAME): the host name is wrong, not the network down
 # ("Temporary failure in name resolution", EAI_AGAIN, may pass).
@@ -43,13 +49,27 @@ def explain(e: StoreError, url: StoreURL, endpoint_url: str | None) -> tuple[str
     return f"store {url}: {e}: {fix}", True
 
 
-def may_come_right(e: StoreError) -> bool:
+def may_come_right(
+    e: StoreError,
+    endpoint_url: str | None,
+    resolve: Callable[[str, int], object] = socket.getaddrinfo,
+) -> bool:
     """Whether an error only the user can fix may still be a node that is starting: credentials
     from an instance role not served yet, the network not up. Worth a bounded wait at mount;
-    a name that does not resolve, a missing bucket or refused credentials are not."""
+    a missing bucket, refused credentials or an endpoint whose name does not exist are not.
+    The S3 client's message does not say why it could not connect, so the endpoint's name is
+    resolved here (blocking: call it on a worker thread): "no such name" is final, "try
+    again" (no DNS yet) is not."""
     if e.code == "NoCredentials":
         return True
-    return e.code == "Transport" and not any(s in str(e) for s in _NO_SUCH_HOST)
+    if e.code != "Transport" or any(s in str(e) for s in _NO_SUCH_HOST):
+        return False
+    host = urlsplit(endpoint_url).hostname if endpoint_url else DEFAULT_S3_HOST
+    try:
+        resolve(host or "", 443)
+    except socket.gaierror as g:
+        return g.errno != socket.EAI_NONAME
+    return True
 
 
 def what_to_fix(e: StoreError, url: StoreURL, endpoint_url: str | None) -> str | None:

@@ -4,6 +4,8 @@ pass (a warning). The end-to-end cases run against moto in test_drain.py."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from ckptgw.drain.store import StoreError
@@ -40,4 +42,25 @@ def test_store_errors_at_mount(
     assert line.startswith("store s3://my-bucket/run/: ") and says in line, line
     assert "\n" not in line
     if yours:
-        assert may_come_right(e) is wait
+        assert may_come_right(e, endpoint, resolves) is wait
+
+
+def resolves(host: str, port: int) -> object:
+    return [("an address",)]
+
+
+def no_such_name(host: str, port: int) -> object:
+    raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+
+def no_dns_yet(host: str, port: int) -> object:
+    raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+
+def test_an_unreachable_default_endpoint_is_waited_for_only_while_dns_may_come() -> None:
+    """The client's EndpointConnectionError does not say why: the name is resolved to tell."""
+    e = StoreError("Transport: EndpointConnectionError: Could not connect", temporary=True,
+                   code="Transport")  # fmt: skip
+    assert may_come_right(e, None, no_dns_yet)
+    assert not may_come_right(e, None, no_such_name)
+    assert may_come_right(e, None, resolves)  # a network that is not up yet
