@@ -163,6 +163,9 @@ class CacheFiles:
             os.unlink(probe, dir_fd=self._dirfd)
 
     def close(self) -> None:
+        """The reserve file goes with the mount: only a mount's kernel writers need it, and the
+        next mount takes it again (a cache dir is not left holding the reserve's blocks)."""
+        self.release_reserve()
         os.close(self._dirfd)
 
     def sync_all(self) -> None:

@@ -61,6 +61,9 @@ def test_the_daemon_sees_no_bytes_and_learns_size_and_mtime(
     gw.cli("flush", "--wait", str(path))
     assert (tmp_path / "store" / "ckpt.pt").read_bytes() == first + second
     assert gw.status()["cache"]["used"] >= len(first) + len(second)  # charged when observed
+    assert (gw.cache_dir / "reserve").stat().st_size > 0  # held while kernel writers may run
+    gw.stop()
+    assert not (gw.cache_dir / "reserve").exists()  # the reserve goes with the mount
 
 
 def test_append_truncate_and_a_second_open_share_the_cache_file(gateway: GatewayFactory) -> None:
