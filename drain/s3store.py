@@ -33,6 +33,7 @@ from aiobotocore.httpxsession import HttpxSession
 from aiobotocore.session import get_session
 
 from ckptgw.drain.store import (
+    CREDENTIAL_CODES,
     MAX_COPY,
     Listing,
     NotFound,
@@ -61,14 +62,6 @@ _TEMPORARY_CODES = {
     "OperationAborted",
     "503",
     "500",
-}
-_CREDENTIAL_CODES = {
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "ExpiredToken",
-    "InvalidToken",
-    "403",
 }
 
 
@@ -123,7 +116,7 @@ def translate(e: BaseException, what: str) -> StoreError:
             return Stale(f"{what}: the object changed (it no longer has the ETag asked for)")
         if code == "NoSuchBucket":
             return StoreError(f"{what}: the bucket does not exist", temporary=False, code=code)
-        if code in _CREDENTIAL_CODES:
+        if code in CREDENTIAL_CODES:
             return StoreError(
                 f"{what}: access denied ({code}): check the credentials and the bucket policy",
                 temporary=False,

@@ -24,6 +24,20 @@ MAX_PARTS = 10_000
 MAX_OBJECT = 5 << 40
 MAX_COPY = 5 << 30  # S3: the largest CopyObject, and the largest UploadPartCopy
 
+# Error codes (StoreError.code) that say the store refused who we are: S3's, and our own for a
+# client that found no credentials at all.
+CREDENTIAL_CODES = frozenset(
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "403",
+        "NoCredentials",
+    }
+)
+
 
 class StoreError(Exception):
     """A store call failed. ``temporary`` says whether the same call may succeed later."""

@@ -121,6 +121,24 @@ class DirectWriter:
         return len(data)
 
 
+def direct_io_refusal(directory: Path) -> str | None:
+    """Why the filesystem of ``directory`` refuses O_DIRECT writes (one aligned block to a temp
+    file, removed), or None if it takes them."""
+    probe = directory / f".direct-io-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
+    except OSError as e:
+        return e.strerror
+    try:
+        os.pwrite(fd, mmap.mmap(-1, ALIGN), 0)  # mmap: page-aligned memory
+        return None
+    except OSError as e:
+        return e.strerror
+    finally:
+        os.close(fd)
+        probe.unlink()
+
+
 class CacheFiles:
     """The cache files, and the bytes they hold (``used``, the figure the size limit applies to;
     sizes, not allocated blocks, so a sparse file being fetched counts whole)."""
@@ -143,24 +161,8 @@ class CacheFiles:
         self.room = Room()  # fired when bytes are freed (and by FileStates when a file is clean)
         self._dirfd = os.open(self.data, os.O_RDONLY | os.O_DIRECTORY)
         self.direct: DirectWriter | None = None
-        if direct_io and self._direct_io_works():
+        if direct_io and direct_io_refusal(self.data) is None:
             self.direct = DirectWriter()
-
-    def _direct_io_works(self) -> bool:
-        probe = ".direct-io-probe"
-        try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600, dir_fd=self._dirfd)
-        except OSError:
-            return False
-        try:
-            buf = mmap.mmap(-1, ALIGN)
-            os.pwrite(fd, buf, 0)
-            return True
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
-            os.unlink(probe, dir_fd=self._dirfd)
 
     def close(self) -> None:
         """The reserve file goes with the mount: only a mount's kernel writers need it, and the

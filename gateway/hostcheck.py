@@ -6,15 +6,14 @@ and the cache dir's lock is only tried (shared, and let go at once), never taken
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import mmap
 import os
 import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptgw.fsops.cache import direct_io_refusal
 from ckptgw.gateway.cachedir import space_problem
 from ckptgw.gateway.config import Config
 from ckptgw.gateway.mountpoint import (
@@ -28,7 +27,6 @@ from ckptgw.gateway.render import size
 from ckptgw.gateway.storeplace import place_of
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
-_ALIGN = 4096  # one O_DIRECT block
 
 
 @dataclass(frozen=True)
@@ -141,23 +139,14 @@ def _direct_io_check(cfg: Config, base: Path) -> Check:
     if not cfg.direct_io:
         return Check("direct-io", INFO, "O_DIRECT is off (cache.direct_io = false)")
     place = place_of(base)
-    probe = base / f".ckptgw-doctor-{os.getpid()}"
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
-        try:
-            os.pwrite(fd, mmap.mmap(-1, _ALIGN), 0)  # mmap: page-aligned memory
-        finally:
-            os.close(fd)
-    except OSError as e:
+    refusal = direct_io_refusal(base)
+    if refusal is not None:
         return Check(
             "direct-io",
             WARN,
-            f"the cache disk ({place}) refuses O_DIRECT ({e.strerror}): cache writes go "
+            f"the cache disk ({place}) refuses O_DIRECT ({refusal}): cache writes go "
             "through the page cache (cache.early_writeback); local NVMe takes O_DIRECT",
         )
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            probe.unlink()
     return Check("direct-io", OK, f"O_DIRECT writes on the cache disk ({place})")
 
 

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from ckptgw.drain.store import StoreError
+from ckptgw.drain.store import CREDENTIAL_CODES, StoreError
 from ckptgw.drain.storeurl import StoreURL
 
 DEFAULT_S3_HOST = "s3.amazonaws.com"  # where the client goes without an endpoint URL
@@ -23,16 +23,6 @@ _NO_SUCH_HOST = ("Name or service not known", "nodename nor servname provided")
 
 # Codes whose fix says all the store's message would (a second copy of it would only repeat).
 _SAYS_ALL = {"NoSuchBucket", "RequestTimeTooSkewed"}
-
-_CREDENTIALS = {
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "ExpiredToken",
-    "InvalidToken",
-    "NoCredentials",
-    "403",
-}
 
 
 SYNC_CLOCK = "sync it (timedatectl set-ntp true, or chronyc makestep)"
@@ -82,7 +72,7 @@ def what_to_fix(e: StoreError, url: StoreURL, endpoint_url: str | None) -> str |
         )
     if e.code == "RequestTimeTooSkewed":
         return f"this machine's clock is more than 15 minutes off: {SYNC_CLOCK}"
-    if e.code in _CREDENTIALS:
+    if e.code in CREDENTIAL_CODES:
         return (
             "check the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or the "
             "instance role) and that the bucket policy allows them"
