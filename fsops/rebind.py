@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ckptgw.fsops.filesystem import Filesystem
-from ckptgw.fsops.journal import ROOT_INODE, State
+from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.names import KEY_MAX
 
 
@@ -37,15 +37,15 @@ def rebind(fs: Filesystem, new_url: str, key_prefix: str) -> RebindReport:
     journal = fs.journal
     report = RebindReport(old=journal.get_meta("store_url") or "", new=new_url)
     # Deepest first: a remote directory is forgotten once its remote entries are.
-    tree = sorted(journal.subtree(ROOT_INODE), key=lambda e: -e[1].count("/"))
-    _check_keys(fs, tree, key_prefix)
+    subtree = sorted(journal.subtree(ROOT_INODE), key=lambda e: -e[1].count("/"))
+    tree = [(row, rel) for inode, rel in subtree if (row := journal.get(inode)) is not None]
+    _check_keys(tree, key_prefix)
     with journal.transaction():
-        for inode, _ in tree:
-            row = journal.get(inode)
-            if row is None or row.parent is None:
+        for row, _ in tree:
+            if row.parent is None:
                 continue
-            if row.state is State.REMOTE and not (row.is_dir and journal.has_children(inode)):
-                journal.delete(inode)
+            if row.state is State.REMOTE and not (row.is_dir and journal.has_children(row.id)):
+                journal.delete(row.id)
                 report.forgotten += 1
                 continue
             fs.states.rebind(row)
@@ -57,13 +57,12 @@ def rebind(fs: Filesystem, new_url: str, key_prefix: str) -> RebindReport:
     return report
 
 
-def _check_keys(fs: Filesystem, tree: list[tuple[int, str]], key_prefix: str) -> None:
+def _check_keys(tree: list[tuple[InodeRow, str]], key_prefix: str) -> None:
     """Every entry that goes to the new store must have a key S3 takes (a longer prefix can
     push a deep path past 1,024 bytes; the drain could then never send it)."""
     too_long = []
-    for inode, rel in tree:
-        row = fs.journal.get(inode)
-        if row is None or (row.state is State.REMOTE and not row.is_dir):
+    for row, rel in tree:
+        if row.state is State.REMOTE and not row.is_dir:
             continue
         key = key_prefix + rel + ("/" if row.is_dir else "")  # a directory's marker key
         if len(key.encode()) > KEY_MAX:
@@ -72,6 +71,6 @@ def _check_keys(fs: Filesystem, tree: list[tuple[int, str]], key_prefix: str) ->
         shown = ", ".join(sorted(too_long)[:3]) + (", ..." if len(too_long) > 3 else "")
         raise RebindError(
             f"{len(too_long)} path{'s' if len(too_long) != 1 else ''} would have keys longer "
-            f"than {KEY_MAX} bytes under the "
-            f"prefix {key_prefix!r} ({shown}): choose a shorter prefix"
+            f"than {KEY_MAX} bytes under the prefix {key_prefix!r} ({shown}): choose a "
+            "shorter prefix"
         )
