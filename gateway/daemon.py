@@ -20,7 +20,6 @@ import logging
 import logging.handlers
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -51,40 +50,12 @@ from ckptgw.gateway.control import ControlServer, RequestError, socket_path
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import prepare_mountpoint
 from ckptgw.gateway.preemption import PreemptionWatcher, WatchConfig
-from ckptgw.gateway.protocol import READY_FD_ENV
+from ckptgw.gateway.protocol import Readiness
 from ckptgw.gateway.status import PathError, Reporter
 from ckptgw.gateway.storecheck import explain, may_come_right
 from ckptgw.gateway.storeplace import local_store, local_store_problem, local_store_warning
 
 log = logging.getLogger("ckptgw")
-
-
-class Readiness:
-    """Tells whoever started us that the mount is ready, or why it is not."""
-
-    def __init__(self) -> None:
-        fd = os.environ.pop(READY_FD_ENV, None)
-        self._fd = int(fd) if fd else None
-
-    def _send(self, line: str) -> None:
-        if self._fd is not None:
-            try:
-                os.write(self._fd, (line.rstrip("\n") + "\n").encode())
-                os.close(self._fd)
-            except OSError:
-                pass
-            self._fd = None
-
-    def ok(self, warning: str | None = None) -> None:
-        self._send("ok" if warning is None else f"ok warning: {warning}")
-        notify = os.environ.get("NOTIFY_SOCKET")
-        if notify:
-            addr = "\0" + notify[1:] if notify.startswith("@") else notify
-            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-                s.sendto(b"READY=1", addr)
-
-    def failed(self, message: str) -> None:
-        self._send(f"error: {message}")
 
 
 def setup_logging(cfg: Config) -> Path:

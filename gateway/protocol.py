@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 # The control socket's request/reply version (gateway/control.py serves it).
 PROTOCOL_VERSION = 1
-# ``ckptgw mount`` passes the daemon a pipe's fd in this variable; the daemon writes one line
-# to it: ``ok``, ``ok warning: ...`` (mounted, with one warning) or ``error: ...``.
+# ``ckptgw mount`` (and ``serve nfs``) passes the process it starts a pipe's fd in this
+# variable; that one writes one line to it: ``ok``, ``ok warning: ...`` (mounted, with one
+# warning) or ``error: ...``.
 READY_FD_ENV = "CKPTGW_READY_FD"
 
 _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
@@ -36,3 +38,31 @@ def socket_address(path: str | os.PathLike[str]) -> Iterator[str]:
         yield f"/proc/self/fd/{fd}/{p.name}"
     finally:
         os.close(fd)
+
+
+class Readiness:
+    """Tells whoever started us that the mount is ready, or why it is not."""
+
+    def __init__(self) -> None:
+        fd = os.environ.pop(READY_FD_ENV, None)
+        self._fd = int(fd) if fd else None
+
+    def _send(self, line: str) -> None:
+        if self._fd is not None:
+            try:
+                os.write(self._fd, (line.rstrip("\n") + "\n").encode())
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+    def ok(self, warning: str | None = None) -> None:
+        self._send("ok" if warning is None else f"ok warning: {warning}")
+        notify = os.environ.get("NOTIFY_SOCKET")
+        if notify:
+            addr = "\0" + notify[1:] if notify.startswith("@") else notify
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                s.sendto(b"READY=1", addr)
+
+    def failed(self, message: str) -> None:
+        self._send(f"error: {message}")
