@@ -57,6 +57,7 @@ class OpenFiles:
         self._next_fh = itertools.count(1)
         self.written_bytes = 0  # written to the mount, either path (for the metrics)
         self.daemon_bytes = 0  # of those, accepted by write(): through the daemon
+        self.fsyncs = 0  # fsync requests answered (each on the cache disk and in the journal)
         self._kernel_writers: dict[int, Inode] = {}  # inodes open for writing on its path
 
     @property
@@ -225,6 +226,7 @@ class OpenFiles:
             if ino.attrs_dirty:
                 self.table.persist(ino)
             await self.table.journal.barrier()
+            self.fsyncs += 1
         finally:
             ino.syncing -= 1
         # A rename usually follows an fsync at once: restart the settle delay from here, so
