@@ -8,7 +8,9 @@ STAMP := $(VENV)/.installed
 # dpkg-dev, meson and ninja build libfuse 3.17 (FUSE passthrough) from Debian's source package.
 SYSPKGS := fuse3 libfuse3-dev pkg-config dpkg-dev meson ninja-build patch
 FUSE_STAMP := $(VENV)/fuse/.built
-TESTPKGS := shellcheck
+# The NFS tests: NFS-Ganesha with its VFS backend, rpcbind for NFSv3, and libnfs (a user-space
+# NFS client the tests compile against); iproute2 and util-linux give the network namespace.
+TESTPKGS := shellcheck nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-dev gcc iproute2
 PYTEST_ARGS ?=
 
 .PHONY: demo test test-fast lint bench sysdeps testdeps apt venv clean

@@ -147,6 +147,36 @@ def _parser() -> argparse.ArgumentParser:
     lr.add_argument("--apply", action="store_true", help="put the merged rules on the bucket")
     lr.add_argument("--json", action="store_true")
 
+    sv = sub.add_parser("serve", help="export a mount to other nodes")
+    svsub = sv.add_subparsers(dest="protocol", required=True, metavar="PROTOCOL")
+    sn = svsub.add_parser(
+        "nfs",
+        help="export a mount over NFS through NFS-Ganesha (returns once it serves)",
+        description="Export a running gateway mount over NFSv3 and NFSv4 through NFS-Ganesha, "
+        "and keep Ganesha running beside it. Settings: [nfs] in --config, then the flags.",
+    )
+    sn.add_argument("mountpoint")
+    sn.add_argument("--listen", metavar="ADDR:PORT", help="nfs.listen (default :2049)")
+    sn.add_argument(
+        "--export", metavar="PATH", help="the path clients mount (default /checkpoints)"
+    )
+    sn.add_argument(
+        "--clients", metavar="CIDR[,CIDR...]", help="the networks allowed to mount (required)"
+    )
+    sn.add_argument("--protocols", metavar="3,4", help="NFS versions (default 3,4)")
+    sn.add_argument(
+        "--no-root-squash",
+        dest="root_squash",
+        action="store_false",
+        default=None,
+        help="let a client's root act as root (squashed to nobody by default)",
+    )
+    sn.add_argument("--config", help="TOML config file with an [nfs] section")
+    sn.add_argument(
+        "--foreground", action="store_true", help="stay in front (for systemd and containers)"
+    )
+    sn.add_argument("--stop", action="store_true", help="stop the mount's NFS export")
+
     d = sub.add_parser("doctor", help="check what a mount needs (FUSE, cache disk, store)")
     d.add_argument("mountpoint", nargs="?", help="also check this mountpoint")
     _config_options(d)
@@ -159,6 +189,8 @@ def _parser() -> argparse.ArgumentParser:
         parser.epilog = (
             f"example:\n  {EXAMPLES[name]}\n\n{EXIT_CODES}" if name in EXAMPLES else EXIT_CODES
         )
+    sn.formatter_class = argparse.RawDescriptionHelpFormatter
+    sn.epilog = f"example:\n  {EXAMPLES['serve']}\n\n{EXIT_CODES}"
     return p
 
 
@@ -201,6 +233,7 @@ EXAMPLES = {
     "pin": "ckptgw pin /mnt/ckpt/run1/step_5000",
     "unpin": "ckptgw unpin /mnt/ckpt/run1/step_5000",
     "pins": "ckptgw pins /mnt/ckpt",
+    "serve": "ckptgw serve nfs /mnt/ckpt --clients 10.0.0.0/16",
     "doctor": "ckptgw doctor /mnt/ckpt --store s3://my-bucket/run1 --cache-dir /nvme/ckptgw",
     "cache": "ckptgw cache rebind /var/cache/ckptgw/mnt-ckpt --store s3://the-right-bucket/run1",
     "lifecycle": "ckptgw lifecycle plan /mnt/ckpt --run run1",
@@ -229,6 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_lifecycle(args)
         if args.command == "doctor":
             return cmd_doctor(args)
+        if args.command == "serve":
+            return cmd_serve(args, list(argv if argv is not None else sys.argv[1:]))
         if args.command == "cache":
             return cmd_cache(args)
         if args.command == "completion":
@@ -264,7 +299,7 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
         from ckptgw.gateway.daemon import run
 
         return run(cfg)
-    code = _start_in_background(argv, cfg.mountpoint)
+    code = _start_in_background(argv, f"the gateway for {cfg.mountpoint}")
     print(
         f"mounted {cfg.mountpoint}\n  store  {cfg.store}\n  cache  {cfg.cache_dir}\n"
         f"  log    {cfg.log_path}"
@@ -272,8 +307,9 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
     return code
 
 
-def _start_in_background(argv: list[str], mountpoint: Path) -> int:
-    """Start the daemon in its own session; wait for its one line of readiness."""
+def _start_in_background(argv: list[str], what: str) -> int:
+    """Start ``ckptgw ARGV --foreground`` in its own session; wait for its one line of
+    readiness."""
     r, w = os.pipe()
     env = dict(os.environ, **{READY_FD_ENV: str(w)})
     proc = subprocess.Popen(
@@ -308,8 +344,8 @@ def _start_in_background(argv: list[str], mountpoint: Path) -> int:
     if proc.poll() is None:
         proc.kill()
         proc.wait()
-        raise UserError(f"the gateway for {mountpoint} did not get ready in {MOUNT_TIMEOUT:.0f} s")
-    raise UserError(f"the gateway for {mountpoint} exited with code {proc.returncode}")
+        raise UserError(f"{what} did not get ready in {MOUNT_TIMEOUT:.0f} s")
+    raise UserError(f"{what} exited with code {proc.returncode}")
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
@@ -337,6 +373,11 @@ def cmd_umount(args: argparse.Namespace) -> int:
                 f"yet; not unmounting (ckptgw status {mp} shows why; --force unmounts anyway "
                 "and keeps them in the cache for the next mount)"
             )
+    if entry is not None:
+        from ckptgw.gateway import nfsserve
+
+        if nfsserve.stop(Path(entry.cache_dir)):  # Ganesha holds the mount's root open
+            print(f"stopped the NFS export of {mp}", file=sys.stderr)
     unmount(mp)
     if left is not None and left["count"]:
         print(
@@ -528,6 +569,54 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
             f"tagged {r['tagged']} milestones, dropped {r['dropped_local_files']} files here"
         )
     return 0
+
+
+def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
+    from ckptgw.gateway import nfsserve
+    from ckptgw.gateway.nfsexport import host_problem, load_export
+
+    mp = Path(os.path.abspath(args.mountpoint))
+    entry = registry.find(mp)
+    if mounted_fstype(mp) != FSTYPE or entry is None:
+        raise UserError(f"{mp} is not a ckptgw mount (mount it first: ckptgw mount {mp} ...)")
+    cache_dir = Path(entry.cache_dir)
+    if args.stop:
+        print(
+            f"stopped the NFS export of {mp}" if nfsserve.stop(cache_dir) else f"not exported: {mp}"
+        )
+        return 0
+    export = load_export(
+        mp,
+        args.config,
+        listen=args.listen,
+        export=args.export,
+        clients=args.clients,
+        protocols=args.protocols,
+        root_squash=args.root_squash,
+    )
+    running = nfsserve.read_state(cache_dir)
+    if running is not None:
+        raise UserError(
+            f"{mp} is already exported as {running['export']} on {running['listen']} "
+            f"(pid {running['pid']}); ckptgw serve nfs --stop {mp} first"
+        )
+    problem = host_problem(export)
+    if problem is not None:
+        raise UserError(problem)
+    if args.foreground:
+        return nfsserve.serve(export, cache_dir, foreground=True)
+    code = _start_in_background(argv, f"the NFS export of {mp}")
+    host, port = export.listen
+    versions = " and ".join(f"NFSv{v}" for v in export.protocols)
+    print(
+        f"serving {mp} over {versions} on {host}:{port}\n"
+        f"  clients  {', '.join(export.clients)}"
+        f"{'' if export.root_squash else ' (root not squashed)'}\n"
+        f"  mount    mount -t nfs -o vers={max(export.protocols)} "
+        f"GATEWAY:{export.pseudo} /mnt/ckpt\n"
+        f"  log      {nfsserve.state_dir(cache_dir) / 'serve.log'}"
+    )
+    return code
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -55,6 +55,16 @@ class GatewayCollector(Collector):
             "Bytes written to the mount",
             st["written_bytes"],
         )
+        yield counter("fsyncs", "fsync requests answered", st["fsyncs"])
+        nfs = st.get("nfs")
+        yield gauge(
+            "nfs_serving",
+            "1 while the mount's NFS export is served (ckptgw serve nfs)",
+            1 if nfs and nfs["state"] == "serving" else 0,
+        )
+        if nfs:
+            yield gauge("nfs_clients", "NFS clients connected now", len(nfs["connected"]))
+            yield counter("nfs_restarts", "NFS-Ganesha restarts after it exited", nfs["restarts"])
         path = st["data_path"]
         yield gauge(
             "passthrough",

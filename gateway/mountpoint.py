@@ -42,6 +42,18 @@ def mounted_fstype(path: Path) -> str | None:
     return found
 
 
+def mount_options(path: Path) -> set[str]:
+    """The options of the mount exactly at ``path`` (the top one), or an empty set."""
+    target = str(path)
+    found: set[str] = set()
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 4 and unescape(parts[1]) == target:
+                found = set(parts[3].split(","))
+    return found
+
+
 def existing_parent(path: Path) -> Path:
     """``path`` or its nearest existing parent (a cache dir or store not created yet)."""
     while not path.exists() and path != path.parent:

@@ -151,11 +151,31 @@ def status_text(st: dict[str, Any], colour: bool = False) -> str:
     )
     if st["last_error"]:
         lines.append(f"  last error: {st['last_error']}")
+    if st.get("nfs"):
+        lines.append(nfs_line(st["nfs"], paint))
     notice = st.get("preemption", {}).get("notice")
     if notice:
         lines.append(paint(f"  preemption notice: {notice}", "local"))
     lines += checkpoint_lines(st, paint, now)
     return "\n".join(lines)
+
+
+def nfs_line(nfs: dict[str, Any], paint: Painter) -> str:
+    """The mount's NFS export: what is served to whom, or why it is not served now."""
+    versions = "/".join(f"NFSv{v}" for v in nfs["protocols"])
+    squash = "root squashed" if nfs["root_squash"] else "root NOT squashed"
+    what = f"{nfs['export']} on {nfs['listen']} ({versions}) to {', '.join(nfs['clients'])}"
+    connected = nfs["connected"]
+    line = f"  nfs       {what}, {squash}; " + (
+        f"{len(connected)} connected: {', '.join(connected)}" if connected else "no client"
+    )
+    if nfs["restarts"]:
+        line += f"; NFS-Ganesha restarted {nfs['restarts']}x"
+    if nfs["state"] != "serving":
+        line += "\n" + paint(
+            f"  nfs       {nfs['state'].upper()}: {nfs.get('reason') or ''}", "draining"
+        )
+    return line
 
 
 LOCAL_STORE_NOTE = (

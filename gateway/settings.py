@@ -13,6 +13,7 @@ docs/config.md is this module's output.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Mapping
@@ -146,6 +147,47 @@ class Listen:
 
 
 @dataclass(frozen=True)
+class Networks:
+    """Client addresses and networks in CIDR form; a string may list them split by commas."""
+
+    def parse(self, value: object, what: str) -> tuple[str, ...]:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(isinstance(x, str) for x in items):
+            raise UserError(f'config: {what} must be a list of networks (e.g. ["10.0.0.0/16"])')
+        out = []
+        for item in (x.strip() for x in items if x.strip()):
+            try:
+                out.append(str(ipaddress.ip_network(item, strict=False)))
+            except ValueError:
+                raise UserError(
+                    f"config: {what}: {item!r} is not an address or a network in CIDR form "
+                    "(e.g. 10.0.0.0/16)"
+                ) from None
+        return tuple(out)
+
+    def allowed(self) -> str:
+        return 'a list of addresses or CIDR networks, e.g. `["10.0.0.0/16"]`'
+
+
+@dataclass(frozen=True)
+class Versions:
+    """NFS versions: 3 and 4 (a string may list them split by commas)."""
+
+    def parse(self, value: object, what: str) -> tuple[int, ...]:
+        items = value.split(",") if isinstance(value, str) else value
+        try:
+            found = {int(x) for x in items} if isinstance(items, list | tuple) else set()
+        except (TypeError, ValueError):
+            found = set()
+        if not found or not found <= {3, 4}:
+            raise UserError(f"config: {what} = {value!r} is not a list of NFS versions: 3, 4")
+        return tuple(sorted(found))
+
+    def allowed(self) -> str:
+        return "`[3, 4]`, `[3]` or `[4]`"
+
+
+@dataclass(frozen=True)
 class Patterns:
     """Regular expressions naming checkpoints; an empty list means the built-in ones."""
 
@@ -225,6 +267,8 @@ SECTIONS = (
     Section("retention", "which checkpoints of a run are kept in the store, one table per run",
             many=True),
     Section("log", "the daemon's log"),
+    Section("nfs", "`ckptgw serve nfs`: the mount exported over NFS by NFS-Ganesha (flags of "
+            "`serve nfs` override these)"),
 )
 
 SETTINGS = (
@@ -341,6 +385,27 @@ SETTINGS = (
     Setting("log", "file", Text("a file"), None,
             "the log file (rotated at 16 MiB, 3 kept)", "`<cache dir>/ckptgw.log`", "--log-file",
             field="log_file"),
+    Setting("nfs", "listen", Listen(), ":2049",
+            "the NFS server's address and port", "every interface, port 2049", "--listen",
+            example="10.0.0.2:2049", field="listen"),
+    Setting("nfs", "export", Text("an absolute path"), "/checkpoints",
+            "the path clients mount, `GATEWAY:/checkpoints`, over NFSv3 and NFSv4",
+            flag="--export", field="pseudo"),
+    Setting("nfs", "clients", Networks(), [],
+            "the client networks allowed to mount it, read-write; no other host may",
+            "none: `serve nfs` refuses to start without them", "--clients",
+            example=["10.0.0.0/16"], field="clients"),
+    Setting("nfs", "protocols", Versions(), [3, 4],
+            "the NFS versions served; NFSv3 needs rpcbind running on the node",
+            flag="--protocols", field="protocols"),
+    Setting("nfs", "root_squash", Bool(), True,
+            "a client's root acts as nobody (uid 65534); the users of other uids are trusted as "
+            "the client says (`sec=sys`)", flag="--no-root-squash", field="root_squash"),
+    Setting("nfs", "mount_port", Number(1, whole=True), 20048,
+            "NFSv3's MOUNT service port (fixed, to open in a firewall)", field="mount_port"),
+    Setting("nfs", "grace", SECONDS, 20.0,
+            "after NFS-Ganesha restarts, how long NFSv4 clients may reclaim their open files "
+            "before new opens are served; 0 skips it", field="grace"),
 )
 # fmt: on
 

@@ -23,6 +23,7 @@ from ckptgw.drain.progress import UploadProgress
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import InodeRow, State
 from ckptgw.gateway.checkpointrows import checkpoint_rows
+from ckptgw.gateway.nfsserve import read_state
 
 STATUS_VERSION = 1
 
@@ -231,6 +232,7 @@ class Reporter:
             "uploads": uploads,
             "drained": {"bytes": self.engine.drained.bytes, "files": self.engine.drained.files},
             "written_bytes": self.fs.files.written_bytes,
+            "fsyncs": self.fs.files.fsyncs,
             "data_path": {
                 "mode": self.fs.path.mode,
                 "reason": self.fs.path.reason if not self.fs.path.active else None,
@@ -244,5 +246,6 @@ class Reporter:
             "last_error": retry.last_error or None,
             "last_error_at": retry.last_error_at or None,
             "checkpoints": checkpoints,
+            "nfs": read_state(self.fs.cache.root),
             **listed,  # store_listing and pins
         }

@@ -17,13 +17,14 @@ from ckptgw.drain.lifecycle import RunPolicy
 from ckptgw.drain.storeurl import parse_store_url
 from ckptgw.gateway.config import _KNOWN, Config, load_config
 from ckptgw.gateway.errors import UserError
+from ckptgw.gateway.nfsexport import load_export
 from ckptgw.gateway.settings import ENVIRONMENT, SETTINGS, example, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 
 SECTIONS = (
     "[store], [cache], [mount], [drain], [shutdown], [preemption], [metrics], [lifecycle], "
-    "[[retention]], [log]"
+    "[[retention]], [log], [nfs]"
 )
 
 
@@ -139,10 +140,14 @@ def test_an_empty_config_file_gives_every_default_of_the_table(
     one_run = tmp_path / "run.toml"
     one_run.write_text('[[retention]]\nrun = "a"\n')
     (run,) = load_config(str(mnt), config_file=str(one_run)).retention
+    export = load_export(mnt, str(empty), clients="10.0.0.0/8")  # clients: required
     for s in SETTINGS:
         expected = computed[s.name] if s.default is None else s.kind.parse(s.default, s.name)
         get = attrgetter(s.field)
-        if s.section == "retention":
+        if s.section == "nfs":
+            want = ("10.0.0.0/8",) if s.key == "clients" else expected
+            assert get(export) == want, f"load_export nfs.{s.key}: {get(export)!r} != {want!r}"
+        elif s.section == "retention":
             assert get(run) == expected, f"[[retention]] {s.key}: {get(run)!r}, table: {expected!r}"
             assert get(RunPolicy("a")) == expected or s.key == "run", f"RunPolicy {s.key}"
         else:
@@ -150,7 +155,7 @@ def test_an_empty_config_file_gives_every_default_of_the_table(
             assert get(bare) == expected or s.default is None, f"Config default of {s.name}"
     # ... and every Config field that a file can set is in the table.
     fields = {f.name for f in dataclasses.fields(Config)}
-    covered = {s.field.split(".")[0] for s in SETTINGS if s.section != "retention"}
+    covered = {s.field.split(".")[0] for s in SETTINGS if s.section not in ("retention", "nfs")}
     assert fields - covered == {"mountpoint", "foreground", "retention"}
     assert covered <= fields
 
@@ -179,15 +184,16 @@ def test_the_example_is_a_config_file_that_loads(tmp_path: Path) -> None:
     assert f"```toml\n{example()}```" in reference()
 
 
-def test_every_flag_in_the_reference_is_a_mount_flag() -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "ckptgw.gateway.cli", "mount", "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    flags = {s.flag for s in SETTINGS if s.flag}
-    assert flags and {f for f in flags if f not in r.stdout} == set()
+def test_every_flag_in_the_reference_is_a_flag_of_its_command() -> None:
+    for section, command in (("nfs", ["serve", "nfs"]), (None, ["mount"])):
+        r = subprocess.run(
+            [sys.executable, "-m", "ckptgw.gateway.cli", *command, "--help"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        flags = {s.flag for s in SETTINGS if s.flag and (s.section == "nfs") == (section == "nfs")}
+        assert flags and {f for f in flags if f not in r.stdout} == set(), command
 
 
 def test_every_environment_variable_the_code_reads_is_in_the_reference() -> None:

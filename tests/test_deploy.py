@@ -280,9 +280,9 @@ def test_training_job_sees_the_gateway_mount() -> None:
 # -- systemd -------------------------------------------------------------------------------------
 
 
-def unit() -> dict[str, list[str]]:
+def unit(name: str = "ckptgw@.service") -> dict[str, list[str]]:
     fields: dict[str, list[str]] = {}
-    for line in (DEPLOY / "systemd/ckptgw@.service").read_text().splitlines():
+    for line in (DEPLOY / "systemd" / name).read_text().splitlines():
         if "=" in line and not line.startswith("#"):
             k, v = line.split("=", 1)
             fields.setdefault(k, []).append(v)
@@ -304,6 +304,47 @@ def test_systemd_unit_fields_and_commands() -> None:
     cfg = load_config("/mnt/ckpt", config_file=str(DEPLOY / "systemd/ckptgw.toml.example"))
     # ExecStop's drain, then SIGTERM's, within the stop timeout
     assert int(u["TimeoutStopSec"][0]) >= stop_args.timeout + cfg.shutdown_deadline + 10
+
+
+def test_nfs_units_serve_the_mount_of_their_instance(tmp_path: Path) -> None:
+    from ckptgw.gateway.nfsexport import load_export
+
+    u = unit("ckptgw-nfs@.service")
+    assert u["BindsTo"] == ["ckptgw@%i.service"] and "ckptgw@%i.service" in u["After"][0]
+    assert u["Type"] == ["notify"]  # serve nfs --foreground reports readiness to systemd
+    (start,) = u["ExecStart"]
+    args = parse_cli(start.replace("%f", "/mnt/ckpt").replace("%i", "mnt-ckpt").split()[1:])
+    assert (args.command, args.protocol, args.foreground) == ("serve", "nfs", True)
+    # the example config, with its [mount] and [nfs] lines as a gateway node uncomments them
+    example = (DEPLOY / "systemd/ckptgw.toml.example").read_text()
+    node = re.sub(r"^# (\[nfs\]|clients|export)", r"\1", example, flags=re.M)
+    node = node.replace("allow_other = false", "allow_other = true")
+    cfg_file = tmp_path / "mnt-ckpt.toml"
+    cfg_file.write_text(node)
+    cfg = load_config("/mnt/ckpt", config_file=str(cfg_file))
+    export = load_export(Path("/mnt/ckpt"), str(cfg_file))
+    assert cfg.allow_other and export.clients == ("10.0.0.0/16",)
+
+    docs = yaml_docs("nfs-gateway.yaml")
+    sts = docs["StatefulSet"]["spec"]["template"]["spec"]
+    (c,) = sts["containers"]
+    script = c["args"][0]
+    mount_cmd, serve_cmd = (part.strip() for part in script.split("&&"))
+    env = {e["name"]: e["value"] for e in c["env"]}
+    for var, value in env.items():
+        mount_cmd = mount_cmd.replace(f'"${var}"', value)
+        serve_cmd = serve_cmd.replace(f'"${var}"', value)
+    m = parse_cli(shlex.split(mount_cmd)[1:])
+    assert m.command == "mount" and m.allow_other
+    s = parse_cli(shlex.split(serve_cmd.removeprefix("exec "))[1:])
+    assert (s.command, s.foreground, s.mountpoint) == ("serve", True, m.mountpoint)
+    assert load_export(Path(s.mountpoint), clients=s.clients, protocols=s.protocols).protocols == (
+        4,
+    )
+    stop = parse_cli(c["lifecycle"]["preStop"]["exec"]["command"][1:])
+    assert stop.command == "umount" and stop.mountpoint == m.mountpoint
+    assert docs["PersistentVolume"]["spec"]["nfs"]["server"] == docs["Service"]["spec"]["clusterIP"]
+    assert docs["PersistentVolume"]["spec"]["nfs"]["path"] == "/checkpoints"
 
 
 def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
@@ -364,7 +405,7 @@ def test_dockerfile_builds_the_daemon_the_daemonset_runs() -> None:
 
 
 def test_docs_have_a_page_with_the_failure_story_for_each() -> None:
-    for page in ("systemd", "kubernetes", "slurm", "container"):
+    for page in ("systemd", "kubernetes", "slurm", "container", "nfs"):
         text = (ROOT / "docs/deploy" / f"{page}.md").read_text()
         assert "## What happens to dirty data" in text, page
         # every deploy file a page links to exists

@@ -1,0 +1,165 @@
+"""NFS on this machine without a kernel NFS client or server: a private network namespace
+(loopback and its own rpcbind) for NFS-Ganesha, and a real user-space client (libnfs, through
+tests/nfs/client.c) driven line by line. Used by tests/test_nfs.py and bench/."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+SOURCE = Path(__file__).parent / "nfs" / "client.c"
+NFS_PACKAGES = "apt-get install nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-dev"
+
+
+def nfs_unavailable() -> str | None:
+    """Why NFS cannot be tested here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (a network namespace, and NFS-Ganesha)"
+    for exe in ("ganesha.nfsd", "rpcbind", "unshare", "nsenter", "cc", "pkg-config"):
+        if shutil.which(exe) is None:
+            return f"{exe} is missing ({NFS_PACKAGES})"
+    return None
+
+
+def build_client(out_dir: Path) -> Path:
+    """Compile the libnfs client into ``out_dir``."""
+    exe = out_dir / "ckptgw-nfs-client"
+    flags = subprocess.run(
+        ["pkg-config", "--cflags", "--libs", "libnfs"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    subprocess.run(["cc", "-O2", "-Wall", "-o", str(exe), str(SOURCE), *flags], check=True)
+    return exe
+
+
+class NetNs:
+    """A network namespace with loopback up and an rpcbind of its own (NFSv3 servers register
+    there). rpcbind runs in a private mount namespace too, so its socket in /run is not the
+    node's. Everything in it is one process group, killed at close. Make it before the mounts
+    it should serve: its private mount namespace holds a copy of every mount that exists when it
+    starts, and a FUSE mount copied there stays alive after its unmount."""
+
+    def __init__(self) -> None:
+        script = (
+            "ip link set lo up && "
+            "{ unshare --mount sh -c "
+            "'mount -t tmpfs -o mode=0755 ckptgw-test-run /run && exec rpcbind -f' & } && "
+            "exec sleep infinity"
+        )
+        self.holder = subprocess.Popen(
+            ["unshare", "--net", "--fork", "--kill-child", "sh", "-c", script],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
+        self.pid = self._child()
+        deadline = time.monotonic() + 10
+        while not self._rpcbind_up():
+            if time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("rpcbind did not start in the test's network namespace")
+            time.sleep(0.05)
+
+    def _child(self) -> int:
+        """The pid of the namespace's first process (the shell that becomes sleep)."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                kids = Path(f"/proc/{self.holder.pid}/task/{self.holder.pid}/children").read_text()
+            except OSError:
+                kids = ""
+            if kids.split():
+                return int(kids.split()[0])
+            time.sleep(0.02)
+        raise RuntimeError("the test's network namespace did not start")
+
+    def _rpcbind_up(self) -> bool:
+        r = subprocess.run(
+            self.argv(["rpcinfo", "-p", "127.0.0.1"]), capture_output=True, check=False
+        )
+        return r.returncode == 0
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """``argv`` run inside the namespace."""
+        return ["nsenter", f"--net=/proc/{self.pid}/ns/net", "--", *argv]
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.holder.pid, signal.SIGKILL)
+        self.holder.wait(10)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class NfsError(RuntimeError):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"NFS error {code}: {message}")
+        self.code = code  # the negative errno libnfs returned
+
+
+class NfsClient:
+    """One libnfs client session: mounted at start, one command per call."""
+
+    def __init__(self, exe: Path, ns: NetNs, url: str, timeout_ms: int = 60000) -> None:
+        self.proc = subprocess.Popen(
+            ns.argv([str(exe), url]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, CKPTGW_NFS_TIMEOUT_MS=str(timeout_ms)),
+        )
+        self._reply()  # "ok mounted", or NfsError
+
+    def _reply(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if line == "ok" or line.startswith("ok "):
+            return line[3:]
+        if line.startswith("err "):
+            code, _, message = line[4:].partition(" ")
+            raise NfsError(int(code), message)
+        raise NfsError(-5, f"the client said {line!r} (exit {self.proc.poll()})")
+
+    def cmd(self, *words: str | Path) -> str:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(" ".join(str(w) for w in words) + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,374 @@
+"""The NFS gateway mode (``ckptgw serve nfs``): NFS-Ganesha exporting a real gateway mount, and
+real NFS clients (libnfs) in a private network namespace on loopback (tests/nfsclient.py).
+
+NFSv3 is what the clients speak here: libnfs 4.0's NFSv4 writes are not reliable."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import io
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptgw.fsops.passthrough import PASSTHROUGH
+from ckptgw.gateway.errors import UserError
+from ckptgw.gateway.nfsexport import Export, _address, ganesha_conf, load_export
+from ckptgw.gateway.nfsserve import ganesha_errors, read_state, state_dir
+from tests.conftest import CheckedGateway, GatewayFactory
+from tests.nfsclient import NetNs, NfsClient, NfsError, build_client, nfs_unavailable
+
+USER = "uid=1000&gid=1000"
+one_data_path = pytest.mark.parametrize("data_path", [PASSTHROUGH], indirect=True)
+
+
+# -- the export's settings and Ganesha's config (no mount) --------------------------------------
+
+
+def _export(**kw: Any) -> Export:
+    return load_export(Path("/mnt/ckpt"), None, **{"clients": "10.0.0.0/16", **kw})
+
+
+def test_export_defaults_and_ganesha_config() -> None:
+    e = _export(clients="10.0.0.7, 192.168.1.0/24")
+    assert e.clients == ("10.0.0.7/32", "192.168.1.0/24")
+    assert (e.pseudo, e.listen, e.protocols, e.root_squash) == (
+        "/checkpoints",
+        ("0.0.0.0", 2049),
+        (3, 4),
+        True,
+    )
+    conf = ganesha_conf(e, Path("/c/nfs"))
+    assert "Clients = 10.0.0.7/32, 192.168.1.0/24;" in conf
+    assert "Squash = Root_Squash;" in conf
+    assert conf.count("Access_Type = None;") == 2  # nobody outside the CLIENT block
+    assert "Bind_addr" not in conf  # every interface
+    assert "mount_path_pseudo = true;" in conf  # NFSv3 mounts /checkpoints too
+    assert 'RecoveryRoot = "/c/nfs/recovery";' in conf
+    assert "Grace_Period = 20;" in conf
+
+    e = _export(listen="10.0.0.2:12049", protocols="4", root_squash=False)
+    conf = ganesha_conf(e, Path("/c/nfs"))
+    assert "Bind_addr = 10.0.0.2;" in conf and "NFS_Port = 12049;" in conf
+    assert "Protocols = 4;" in conf and "Squash = No_Root_Squash;" in conf
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"clients": ""}, "needs the client networks allowed to mount: --clients"),
+        ({"clients": "10.0.0.0/16,everyone"}, "'everyone' is not an address or a network"),
+        ({"export": "checkpoints"}, "give an absolute path below /"),
+        ({"protocols": "2"}, "is not a list of NFS versions: 3, 4"),
+        ({"listen": "2049"}, "is not HOST:PORT"),
+    ],
+)
+def test_export_settings_refused(kw: dict[str, str], message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        _export(**kw)
+
+
+def test_export_from_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text('[nfs]\nclients = ["10.1.0.0/16"]\nexport = "/ckpt"\nroot_squash = false\n')
+    e = load_export(Path("/m"), str(cfg), clients="10.2.0.0/16")  # the flag wins
+    assert (e.clients, e.pseudo, e.root_squash) == (("10.2.0.0/16",), "/ckpt", False)
+    cfg.write_text("[nfs]\nclient = []\n")
+    with pytest.raises(UserError, match=r"unknown key nfs\.client"):
+        load_export(Path("/m"), str(cfg))
+
+
+def test_proc_net_addresses_and_ganesha_log() -> None:
+    assert _address("0100007F", 4) == "127.0.0.1"
+    assert _address("0000000000000000FFFF00000200000A", 16) == "10.0.0.2"  # v4-mapped
+    log = (
+        "23/11/2026 02:48:00 : epoch 6b03a960 : vm : nfs-ganesha-867[main] gsh_dbus_pkginit "
+        ":DBUS :CRIT :dbus_bus_get failed\n"
+        "23/11/2026 02:48:00 : epoch 6b03a960 : vm : nfs-ganesha-867[main] Bind_sockets_V4 "
+        ":DISP :FATAL :Cannot bind RPC TCP socket, error 98(Address already in use)\n"
+    )
+    assert ganesha_errors(log) == [
+        "DISP: Cannot bind RPC TCP socket, error 98(Address already in use)"
+    ]
+
+
+# -- a real export -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def nfs_client_exe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if (why := nfs_unavailable()) is not None:
+        pytest.skip(why)
+    return build_client(tmp_path_factory.mktemp("nfsclient"))
+
+
+class Served:
+    """A gateway mount exported by ``ckptgw serve nfs`` inside a private network namespace."""
+
+    def __init__(self, gw: CheckedGateway, ns: NetNs, exe: Path) -> None:
+        self.gw, self.ns, self.exe = gw, ns, exe
+
+    def serve(self, *args: str) -> Any:
+        import subprocess
+        import sys
+
+        return subprocess.run(
+            self.ns.argv([sys.executable, "-m", "ckptgw.gateway.cli", "serve", "nfs",
+                          str(self.gw.mountpoint), *args]),
+            env=self.gw.env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    def client(self, query: str = USER, **kw: Any) -> NfsClient:
+        return NfsClient(self.exe, self.ns, f"nfs://127.0.0.1/checkpoints?{query}", **kw)
+
+    def state(self) -> dict[str, Any] | None:
+        return read_state(self.gw.cache_dir)
+
+    def wait_state(self, want: str, timeout: float = 30) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.state()
+            if st is not None and st["state"] == want:
+                return st
+            time.sleep(0.1)
+        raise AssertionError(f"the export did not reach {want!r}: {self.state()}")
+
+
+@pytest.fixture
+def served(gateway: GatewayFactory, nfs_client_exe: Path) -> Iterator[Callable[..., Served]]:
+    made: list[Served] = []
+    with NetNs() as ns:
+
+        def make(*serve_args: str, store: str | None = None, extra: tuple[str, ...] = ()) -> Served:
+            gw = gateway("gw", "--allow-other", *extra, store=store)
+            users = gw.mountpoint / "users"
+            users.mkdir()
+            os.chown(users, 1000, 1000)
+            s = Served(gw, ns, nfs_client_exe)
+            made.append(s)
+            r = s.serve("--clients", "127.0.0.1/32", *serve_args)
+            assert r.returncode == 0, r.stderr
+            return s
+
+        try:
+            yield make
+        finally:
+            for s in made:  # the gateway fixture unmounts, which stops the export first
+                s.serve("--stop")
+
+
+def _torch_bytes(seed: int) -> bytes:
+    import torch
+
+    torch.manual_seed(seed)
+    buf = io.BytesIO()
+    torch.save({"step": seed, "w": torch.randn(256, 1024), "b": torch.randn(1024)}, buf)
+    return buf.getvalue()
+
+
+@one_data_path
+def test_two_clients_save_torch_by_temp_commit_rename_into_the_bucket(
+    served: Callable[..., Served], bucket: str, s3_endpoint: str, tmp_path: Path
+) -> None:
+    import boto3
+    import torch
+
+    s = served(store=f"s3://{bucket}/run", extra=("--endpoint-url", s3_endpoint))
+    st = s.gw.status()
+    assert st["nfs"]["state"] == "serving" and st["nfs"]["export"] == "/checkpoints"
+    fsyncs = st["fsyncs"]
+    blobs = {rank: _torch_bytes(rank) for rank in (0, 1)}
+    for rank, blob in blobs.items():
+        (tmp_path / f"rank_{rank}.pt").write_bytes(blob)
+    clients = [s.client(), s.client()]
+    try:
+        assert "127.0.0.1" in s.gw.status()["nfs"]["connected"]
+        errors: list[BaseException] = []
+
+        def save(rank: int) -> None:
+            try:
+                final = f"users/step_100/rank_{rank}.pt"
+                clients[rank].cmd("put", tmp_path / f"rank_{rank}.pt", f"{final}.tmp", final)
+            except BaseException as e:
+                errors.append(e)
+
+        clients[0].cmd("mkdir", "users/step_100")
+        threads = [threading.Thread(target=save, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        # Each COMMIT reached the gateway's fsync (cache file and journal) before it returned.
+        assert s.gw.status()["fsyncs"] >= fsyncs + 2
+        # what one client wrote, the other reads at once
+        for rank in (0, 1):
+            out = tmp_path / f"read_{rank}.pt"
+            clients[1 - rank].cmd("get", f"users/step_100/rank_{rank}.pt", out)
+            assert out.read_bytes() == blobs[rank]
+    finally:
+        for c in clients:
+            c.close()
+    step = s.gw.mountpoint / "users" / "step_100"
+    assert sorted(p.name for p in step.iterdir()) == ["rank_0.pt", "rank_1.pt"]  # no temp left
+    for rank, blob in blobs.items():
+        assert (step / f"rank_{rank}.pt").read_bytes() == blob
+        assert torch.load(step / f"rank_{rank}.pt")["step"] == rank
+    s.gw.cli("wait", str(step), "--timeout", "120")
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    for rank, blob in blobs.items():
+        key = f"run/users/step_100/rank_{rank}.pt"
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == blob
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert not [k for k in keys if k.endswith(".tmp")]
+
+
+@one_data_path
+def test_root_is_squashed_and_other_networks_are_refused(
+    served: Callable[..., Served], tmp_path: Path
+) -> None:
+    s = served()
+    shared = s.gw.mountpoint / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    src = tmp_path / "x"
+    src.write_bytes(b"from root\n")
+    with s.client("uid=0&gid=0") as root:
+        root.cmd("put", src, "shared/by-root", "-")
+        with pytest.raises(NfsError) as e:
+            root.cmd("put", src, "by-root-at-top", "-")  # / is root's: nobody may not write
+        assert e.value.code == -errno.EACCES
+    st = (shared / "by-root").stat()
+    assert (st.st_uid, st.st_gid) == (65534, 65534)
+    text = s.gw.cli("status", str(s.gw.mountpoint)).stdout
+    assert (
+        "nfs       /checkpoints on 0.0.0.0:2049 (NFSv3/NFSv4) to 127.0.0.1/32, root squashed"
+        in text
+    )
+
+
+@one_data_path
+def test_gateway_killed_with_clients_connected(
+    served: Callable[..., Served], tmp_path: Path
+) -> None:
+    """kill -9 of the gateway's daemon: the export waits, serves again once the gateway is
+    mounted again, and what a client acknowledged is there. A client's old file handles work
+    again when the new mount has the old one's device number (nothing held the dead mount, so
+    the kernel gave the number out again); otherwise they are stale: both are documented."""
+    s = served()
+    s.gw.expect_errors = True
+    blob = os.urandom(5 << 20)
+    (tmp_path / "blob").write_bytes(blob)
+    dev_before = os.stat(s.gw.mountpoint).st_dev
+    old = s.client(timeout_ms=20000)
+    try:
+        old.cmd("put", tmp_path / "blob", "users/acked.tmp", "users/acked")
+        handle = old.cmd("open", "users/acked")
+        first = s.state()
+        assert first is not None
+        s.gw.kill()
+        st = s.wait_state("waiting")
+        assert st["ganesha_pid"] is None and "mounted again" in st["reason"]
+        s.gw.start()
+        st = s.wait_state("serving")
+        assert st["pid"] == first["pid"] and st["ganesha_pid"] != first["ganesha_pid"]
+        out = tmp_path / "again"
+        if os.stat(s.gw.mountpoint).st_dev == dev_before:
+            old.cmd("readh", handle, out)  # transparent: the old handle reads the file
+            assert out.read_bytes() == blob
+        else:
+            with pytest.raises(NfsError) as e:
+                old.cmd("readh", handle, out)
+            assert e.value.code in (-errno.ESTALE, -errno.EFAULT)
+    finally:
+        old.close()
+    with s.client() as new:
+        new.cmd("get", "users/acked", tmp_path / "fresh")
+    assert (tmp_path / "fresh").read_bytes() == blob
+    assert (s.gw.mountpoint / "users" / "acked").read_bytes() == blob
+
+
+@one_data_path
+def test_serve_refusals(gateway: GatewayFactory, nfs_client_exe: Path) -> None:
+    gw = gateway("gw")  # no --allow-other
+    with NetNs() as ns:
+        s = Served(gw, ns, nfs_client_exe)
+        r = s.serve("--clients", "127.0.0.1")
+        assert r.returncode == 1 and "mount it again with --allow-other" in r.stderr
+        assert r.stderr.count("\n") == 1
+        r = s.serve()
+        assert r.returncode == 1 and "--clients CIDR" in r.stderr
+        assert read_state(gw.cache_dir) is None and not state_dir(gw.cache_dir).exists()
+    r = gw.cli("serve", "nfs", str(gw.mountpoint.parent), "--clients", "10.0.0.0/8", check=False)
+    assert r.returncode == 1 and "is not a ckptgw mount" in r.stderr
+
+
+@one_data_path
+def test_export_stops_with_the_gateway_and_restarts_ganesha(
+    served: Callable[..., Served],
+) -> None:
+    s = served()
+    st = s.state()
+    assert st is not None
+    assert json.loads((state_dir(s.gw.cache_dir) / "serve.json").read_text())["state"] == "serving"
+    assert oct(state_dir(s.gw.cache_dir).stat().st_mode & 0o777) == "0o700"
+    os.kill(st["ganesha_pid"], 9)  # Ganesha dies: started again
+    deadline = time.monotonic() + 30
+    while (st := s.state() or {}).get("restarts") != 1 or st["state"] != "serving":
+        assert time.monotonic() < deadline, st
+        time.sleep(0.1)
+    assert "exited with code -9" in st["last_error"]
+    with s.client() as c:
+        c.cmd("stat", "users")
+    r = s.gw.cli("umount", str(s.gw.mountpoint))
+    assert "stopped the NFS export" in r.stderr
+    assert s.state() is None
+
+
+# -- FUSE export support: handles outlive the kernel's inodes ------------------------------------
+
+
+class _Handle(ctypes.Structure):
+    _fields_ = [("handle_bytes", ctypes.c_uint), ("handle_type", ctypes.c_int),
+                ("f_handle", ctypes.c_ubyte * 128)]  # fmt: skip
+
+
+def test_file_handles_survive_the_kernel_forgetting_inodes(mnt: Path) -> None:
+    """What NFS-Ganesha relies on: open_by_handle_at on the mount after the kernel dropped the
+    inode makes the kernel look it up by number ("."), which the journal answers."""
+    if os.geteuid() != 0:
+        pytest.skip("open_by_handle_at needs CAP_DAC_READ_SEARCH")
+    libc = ctypes.CDLL(None, use_errno=True)
+    (mnt / "d").mkdir()
+    (mnt / "d" / "kept").write_bytes(b"kept bytes")
+    (mnt / "d" / "gone").write_bytes(b"x")
+
+    def handle(path: Path) -> _Handle:
+        h, mount_id = _Handle(handle_bytes=128), ctypes.c_int()
+        rc = libc.name_to_handle_at(
+            -100, str(path).encode(), ctypes.byref(h), ctypes.byref(mount_id), 0
+        )
+        assert rc == 0, os.strerror(ctypes.get_errno())
+        return h
+
+    kept, gone = handle(mnt / "d" / "kept"), handle(mnt / "d" / "gone")
+    (mnt / "d" / "gone").unlink()
+    root = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")  # dentries and inodes
+        fd = libc.open_by_handle_at(root, ctypes.byref(kept), os.O_RDONLY)
+        assert fd >= 0, os.strerror(ctypes.get_errno())
+        with os.fdopen(fd, "rb") as f:
+            assert f.read() == b"kept bytes"
+        assert libc.open_by_handle_at(root, ctypes.byref(gone), os.O_RDONLY) == -1
+        assert ctypes.get_errno() == errno.ESTALE
+    finally:
+        os.close(root)
