@@ -594,7 +594,7 @@ def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
         protocols=args.protocols,
         root_squash=args.root_squash,
     )
-    running = nfsserve.read_state(cache_dir)
+    running = nfsserve.running(cache_dir)
     if running is not None:
         raise UserError(
             f"{mp} is already exported as {running['export']} on {running['listen']} "

@@ -117,7 +117,8 @@ def _header(section: str) -> str:
     return f"[[{section}]]" if section in _TABLE_LISTS else f"[{section}]"
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The TOML file, every section and key checked against the settings table."""
     try:
         with path.open("rb") as f:
             data = tomllib.load(f)
@@ -178,7 +179,7 @@ def load_config(
     log_file: str | None = None,
     foreground: bool = False,
 ) -> Config:
-    data = _read_toml(Path(config_file)) if config_file else {}
+    data = read_config_file(Path(config_file)) if config_file else {}
 
     def get(name: str, override: object = None) -> Any:
         """One setting: the flag's value, else the file's, else the table's default."""

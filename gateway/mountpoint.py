@@ -30,28 +30,28 @@ def unescape(field: str) -> str:
     return "".join(out)
 
 
-def mounted_fstype(path: Path) -> str | None:
-    """The filesystem type mounted exactly at ``path``, or None."""
+def _top_mount(path: Path) -> list[str] | None:
+    """The /proc/self/mounts fields of the mount exactly at ``path`` (the top one), or None."""
     target = str(path)
     found = None
     with open("/proc/self/mounts") as f:
         for line in f:
             parts = line.split()
-            if len(parts) >= 3 and unescape(parts[1]) == target:
-                found = parts[2]  # the last one listed is the one on top
+            if len(parts) >= 4 and unescape(parts[1]) == target:
+                found = parts  # the last one listed is the one on top
     return found
+
+
+def mounted_fstype(path: Path) -> str | None:
+    """The filesystem type mounted exactly at ``path``, or None."""
+    parts = _top_mount(path)
+    return parts[2] if parts else None
 
 
 def mount_options(path: Path) -> set[str]:
-    """The options of the mount exactly at ``path`` (the top one), or an empty set."""
-    target = str(path)
-    found: set[str] = set()
-    with open("/proc/self/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 4 and unescape(parts[1]) == target:
-                found = set(parts[3].split(","))
-    return found
+    """The options of the mount exactly at ``path``, or an empty set."""
+    parts = _top_mount(path)
+    return set(parts[3].split(",")) if parts else set()
 
 
 def existing_parent(path: Path) -> Path:

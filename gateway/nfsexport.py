@@ -4,25 +4,25 @@ the node must have before NFS-Ganesha can serve it, and Ganesha's config file.
 Ganesha's FSAL_VFS serves the FUSE mount by file handle (``name_to_handle_at`` and
 ``open_by_handle_at``); the mount answers the kernel's lookups of "." by inode number from the
 journal, so a handle outlives the kernel forgetting its inode. Ganesha names the file system in
-each handle by its device number, which FUSE gives anew to every mount: after the gateway is
-mounted again, clients' handles are stale (docs/nfs.md)."""
+each handle by its device number, which the kernel gives out per mount: after the gateway is
+mounted again, clients' handles work only if the new mount got the old number
+(docs/deploy/nfs.md)."""
 
 from __future__ import annotations
 
 import contextlib
 import glob
 import ipaddress
-import os
 import shutil
 import socket
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ckptgw.gateway.config import read_config_file
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import mount_options
-from ckptgw.gateway.settings import BY_NAME
+from ckptgw.gateway.settings import BY_NAME, default
 
 RPCBIND_SOCKET = "/run/rpcbind.sock"
 INSTALL = "apt-get install nfs-ganesha nfs-ganesha-vfs"
@@ -62,19 +62,9 @@ def load_export(
     protocols: str | None = None,
     root_squash: bool | None = None,
 ) -> Export:
-    """The export from the [nfs] section of ``config_file``, overridden by the flags."""
-    table: dict[str, Any] = {}
-    if config_file:
-        try:
-            with open(config_file, "rb") as f:
-                table = tomllib.load(f).get("nfs", {})
-        except OSError as e:
-            raise UserError(f"cannot read config file {config_file}: {e.strerror}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise UserError(f"config file {config_file} is not valid TOML: {e}") from None
-        unknown = sorted(set(table) - {s.key for s in BY_NAME.values() if s.section == "nfs"})
-        if unknown:
-            raise UserError(f"config: unknown key nfs.{unknown[0]} in {config_file}")
+    """The export from the [nfs] section of ``config_file`` (checked whole, as ``mount`` checks
+    it), overridden by the flags."""
+    table = read_config_file(Path(config_file)).get("nfs", {}) if config_file else {}
 
     def get(key: str, override: object = None) -> Any:
         return BY_NAME[f"nfs.{key}"].read(table, override)
@@ -94,18 +84,16 @@ def load_export(
         mountpoint=mountpoint,
         pseudo=pseudo.rstrip("/"),
         clients=nets,
-        listen=get("listen", listen) or BY_NAME["nfs.listen"].read({}),
+        listen=get("listen", listen) or default("nfs.listen"),  # "" means the default here
         mount_port=get("mount_port"),
         protocols=get("protocols", protocols),
-        root_squash=get("root_squash", False if root_squash is False else None),
+        root_squash=get("root_squash", root_squash),
         grace=get("grace"),
     )
 
 
 def ganesha_binary() -> str:
-    exe = shutil.which("ganesha.nfsd") or (
-        "/usr/bin/ganesha.nfsd" if os.path.exists("/usr/bin/ganesha.nfsd") else None
-    )
+    exe = shutil.which("ganesha.nfsd") or shutil.which("ganesha.nfsd", path="/usr/bin:/usr/sbin")
     if exe is None:
         raise UserError(f"NFS-Ganesha is not installed ({INSTALL})")
     return exe

@@ -5,9 +5,9 @@ runs. Its files are in ``CACHE_DIR/nfs/`` (0700): Ganesha's config, log and pid 
 recovery records, its own log and ``serve.json``, the state that ``ckptgw status`` shows.
 
 - Ganesha exits on its own: started again after 1, 2, 4 ... 30 s; the restarts are counted.
-- The gateway's daemon dies (the mount answers ENOTCONN): Ganesha is stopped, and started
-  again once the gateway is mounted again (new daemon pid). Clients' file handles name the old
-  mount and are stale then (see gateway/nfsexport.py).
+- The gateway's daemon dies (its pid is gone): Ganesha is stopped, and started again once the
+  gateway is mounted again (a new daemon pid). Clients' file handles then work only if the new
+  mount got the old one's device number (see gateway/nfsexport.py).
 - The gateway is unmounted cleanly: the export ends, the supervisor exits.
 - SIGTERM or SIGINT (``serve nfs --stop``, ``ckptgw umount``, systemd): Ganesha is stopped
   (SIGTERM, then SIGKILL after 10 s) and the supervisor exits. Ganesha is started with a
@@ -49,13 +49,20 @@ def state_dir(cache_dir: Path) -> Path:
     return cache_dir / "nfs"
 
 
-def read_state(cache_dir: Path) -> dict[str, Any] | None:
-    """The export of the mount whose cache dir this is, or None when none is served."""
+def running(cache_dir: Path) -> dict[str, Any] | None:
+    """The export of the mount whose cache dir this is, as its supervisor last wrote it, or
+    None when no supervisor runs."""
     try:
         st: dict[str, Any] = json.loads((state_dir(cache_dir) / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not registry.alive(int(st.get("pid") or 0)):
+    return st if registry.alive(int(st.get("pid") or 0)) else None
+
+
+def read_state(cache_dir: Path) -> dict[str, Any] | None:
+    """What status shows: :func:`running`, and the clients connected now."""
+    st = running(cache_dir)
+    if st is None:
         return None
     gp = st.get("ganesha_pid")
     ports = (int(st["listen"].rsplit(":", 1)[1]), int(st["mount_port"]))
@@ -65,7 +72,7 @@ def read_state(cache_dir: Path) -> dict[str, Any] | None:
 
 def stop(cache_dir: Path, timeout: float = STOP_TIMEOUT + 5) -> bool:
     """Stop the export of a mount; False if none was served."""
-    st = read_state(cache_dir)
+    st = running(cache_dir)
     if st is None:
         return False
     pid = int(st["pid"])
@@ -129,8 +136,6 @@ class Supervisor:
     # -- the loop --------------------------------------------------------------------------------
 
     def run(self) -> int:
-        self.dir.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(self.dir, 0o700)
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -306,12 +311,10 @@ class Supervisor:
         tmp.replace(path)
 
 
-def setup_logging(cache_dir: Path, foreground: bool) -> None:
+def setup_logging(d: Path, foreground: bool) -> None:
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-    d = state_dir(cache_dir)
-    d.mkdir(mode=0o700, exist_ok=True)
     fh = logging.handlers.RotatingFileHandler(d / "serve.log", maxBytes=4 << 20, backupCount=2)
     fh.setFormatter(fmt)
     root.addHandler(fh)
@@ -323,5 +326,8 @@ def setup_logging(cache_dir: Path, foreground: bool) -> None:
 
 def serve(export: Export, cache_dir: Path, foreground: bool) -> int:
     """Run the supervisor in this process until it is stopped."""
-    setup_logging(cache_dir, foreground)
+    d = state_dir(cache_dir)
+    d.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(d, 0o700)  # whatever the umask made of it
+    setup_logging(d, foreground)
     return Supervisor(export, cache_dir, Readiness()).run()

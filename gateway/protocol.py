@@ -41,7 +41,8 @@ def socket_address(path: str | os.PathLike[str]) -> Iterator[str]:
 
 
 class Readiness:
-    """Tells whoever started us that the mount is ready, or why it is not."""
+    """Tells whoever started us (``ckptgw mount``, ``serve nfs``, systemd) that we are ready,
+    or why we are not."""
 
     def __init__(self) -> None:
         fd = os.environ.pop(READY_FD_ENV, None)

@@ -10,6 +10,8 @@ import errno
 import io
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -115,10 +117,7 @@ class Served:
     def __init__(self, gw: CheckedGateway, ns: NetNs, exe: Path) -> None:
         self.gw, self.ns, self.exe = gw, ns, exe
 
-    def serve(self, *args: str) -> Any:
-        import subprocess
-        import sys
-
+    def serve(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             self.ns.argv([sys.executable, "-m", "ckptgw.gateway.cli", "serve", "nfs",
                           str(self.gw.mountpoint), *args]),
