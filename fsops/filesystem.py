@@ -74,6 +74,7 @@ class Filesystem:
         self.table = InodeTable(self.journal, self.cache)
         self.states = FileStates(self.table, self.events, self.cache.room)
         self.recovery: RecoveryReport = recover(self.journal, self.cache, self.states)
+        self.journal.begin_epoch()
         self.space = CacheSpace(self.table, self.states, opts.cache_limit, opts.write_wait)
         self.keys = StoreKeys(self.table, self.states, self.events, opts.key_prefix)
         self.namespace = Namespace(

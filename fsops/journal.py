@@ -26,7 +26,7 @@ from pathlib import Path
 
 import trio
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ROOT_INODE = 1
 
 
@@ -62,6 +62,10 @@ class InodeRow:
     stored_etag: str | None = None
     checksum: str | None = None
     rdev: int = 0
+    # The mount epoch that gave this inode its number: the generation in its FUSE (and so
+    # NFS) file handles. Numbers are never reused within an epoch, so (id, epoch) names one
+    # inode for the life of the journal, and a handle of a deleted file is stale, never another.
+    epoch: int = 0
 
     @property
     def is_dir(self) -> bool:
@@ -74,7 +78,7 @@ class InodeRow:
 
 _INODE_COLS = (
     "id, parent, name, mode, uid, gid, size, atime_ns, mtime_ns, ctime_ns, target, state, "
-    "generation, stored_key, stored_etag, checksum, rdev"
+    "generation, stored_key, stored_etag, checksum, rdev, epoch"
 )
 
 
@@ -121,7 +125,8 @@ def create_tables(db: sqlite3.Connection) -> None:
 
 
 _SCHEMA = """
-        -- Key/value facts about this cache: schema_version, store_url, clean_shutdown (0/1).
+        -- Key/value facts about this cache: schema_version, store_url, clean_shutdown (0/1),
+        -- epoch (mounts so far: see Journal.begin_epoch).
         CREATE TABLE meta (
             key   TEXT PRIMARY KEY,
             value TEXT NOT NULL
@@ -148,6 +153,7 @@ _SCHEMA = """
             stored_etag TEXT,                 --   (NULL: nowhere; see ARCHITECTURE.md)
             checksum   TEXT,                  -- xxh3-128 of the content at stored_key
             rdev       INTEGER NOT NULL DEFAULT 0, -- device number (character, block devices)
+            epoch      INTEGER NOT NULL DEFAULT 0, -- mount epoch that gave out `id` (see InodeRow)
             UNIQUE (parent, name)
         );
         -- readdir walks a directory in inode-number order: offsets stay stable while entries
@@ -210,8 +216,8 @@ class Journal:
                 create_tables(self.db)
                 now = time.time_ns()
                 self.db.execute(
-                    f"INSERT INTO inodes ({_INODE_COLS}) "
-                    "VALUES (?, NULL, NULL, ?, ?, ?, 0, ?, ?, ?, NULL, ?, 1, NULL, NULL, NULL, 0)",
+                    f"INSERT INTO inodes ({_INODE_COLS}) VALUES "
+                    "(?, NULL, NULL, ?, ?, ?, 0, ?, ?, ?, NULL, ?, 1, NULL, NULL, NULL, 0, 0)",
                     (ROOT_INODE, 0o40755, os.getuid(), os.getgid(), now, now, now, State.CLEAN),
                 )
                 self.db.executemany(
@@ -221,11 +227,16 @@ class Journal:
         version = int(self.get_meta("schema_version") or 0)
         if version == 1:
             self._migrate_from_1()
+            version = 2
+        if version == 2:
+            self._migrate_from_2()
             version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise JournalError(
                 f"journal {path} has schema version {version}, this ckptgw reads {SCHEMA_VERSION}"
             )
+        self.epoch = int(self.get_meta("epoch") or 0)
+        self._next_id = self._max_id() + 1
         # The WAL exists from the first commit on and is never deleted while we hold the
         # connection open (it is only truncated), so one descriptor serves every barrier.
         self._wal_fd = os.open(f"{path}-wal", os.O_RDONLY | os.O_CREAT, 0o600)
@@ -241,6 +252,13 @@ class Journal:
                 "AND parent IS NOT NULL AND state = ?",
                 (State.DIRTY, ROOT_INODE, State.CLEAN),
             )
+            self.set_meta("schema_version", "2")
+
+    def _migrate_from_2(self) -> None:
+        """Version 2 had no epochs: its inodes keep epoch 0 (their handles stay valid), and
+        every mount from now on gives out numbers in an epoch of its own."""
+        with self.transaction():
+            self.db.execute("ALTER TABLE inodes ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
             self.set_meta("schema_version", str(SCHEMA_VERSION))
 
     # -- transactions and durability ---------------------------------------------------------
@@ -272,6 +290,18 @@ class Journal:
         os.close(self._wal_fd)
         self.db.close()
 
+    def begin_epoch(self) -> int:
+        """Start a mount epoch, durably, before any inode number is given out in it. Within an
+        epoch numbers only grow (a deleted newest inode does not give its number back); a
+        number freed in an earlier epoch may come back, with the new epoch as its handle
+        generation, so a client's handle of the old file gets ESTALE. Durable first: after a
+        power loss that rolled back creates a client had seen, the next epoch still differs."""
+        with self.transaction():
+            self.epoch = (self.epoch + 1) & 0xFFFFFFFF  # the kernel keeps 32 bits of it
+            self.set_meta("epoch", str(self.epoch))
+        self.barrier_sync()
+        return self.epoch
+
     # -- meta ----------------------------------------------------------------------------------
 
     def get_meta(self, key: str) -> str | None:
@@ -293,13 +323,18 @@ class Journal:
         ).fetchone()
         return None if r is None else _row(r)
 
+    def _max_id(self) -> int:
+        return int(self.db.execute("SELECT max(id) FROM inodes").fetchone()[0] or ROOT_INODE)
+
     def insert(self, row: InodeRow) -> int:
-        """Insert a new inode (``row.id`` is ignored) and return its number."""
-        cur = self.db.execute(
-            "INSERT INTO inodes (parent, name, mode, uid, gid, size, atime_ns, mtime_ns, "
-            "ctime_ns, target, state, generation, stored_key, stored_etag, checksum, rdev) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        """Insert a new inode with the next number of this epoch (``row.id`` is ignored; its
+        ``epoch`` is set) and return the number."""
+        number = self._next_id
+        row.epoch = self.epoch
+        self.db.execute(
+            f"INSERT INTO inodes ({_INODE_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (
+                number,
                 row.parent,
                 row.name,
                 row.mode,
@@ -316,10 +351,11 @@ class Journal:
                 row.stored_etag,
                 row.checksum,
                 row.rdev,
+                row.epoch,
             ),
         )
-        assert cur.lastrowid is not None
-        return cur.lastrowid
+        self._next_id = number + 1  # only once the row is in: a failed insert uses no number
+        return number
 
     def update_attrs(self, row: InodeRow) -> None:
         """Write an inode's attributes (mode, owner, size, times). Never its state columns:

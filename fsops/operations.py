@@ -105,7 +105,7 @@ class Operations(pyfuse3.Operations):
             self.files.observe(ino)  # what the kernel wrote, with passthrough
         a = pyfuse3.EntryAttributes()
         a.st_ino = ino.id
-        a.generation = 0
+        a.generation = ino.epoch  # with st_ino, what a file handle names (fsops.journal)
         # A remote entry not yet described (its mode, owner and mtime still to be read from
         # the store) must not be kept by the kernel: its next use looks it up again.
         timeout = self.attr_timeout if self.remote.known(ino) else 0.0

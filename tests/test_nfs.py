@@ -339,35 +339,65 @@ class _Handle(ctypes.Structure):
                 ("f_handle", ctypes.c_ubyte * 128)]  # fmt: skip
 
 
-def test_file_handles_survive_the_kernel_forgetting_inodes(mnt: Path) -> None:
+def _file_handle(libc: ctypes.CDLL, path: Path) -> _Handle:
+    h, mount_id = _Handle(handle_bytes=128), ctypes.c_int()
+    rc = libc.name_to_handle_at(
+        -100, str(path).encode(), ctypes.byref(h), ctypes.byref(mount_id), 0
+    )
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    return h
+
+
+def _open_by_handle(libc: ctypes.CDLL, mnt: Path, h: _Handle) -> bytes | int:
+    """The file's bytes, or the errno open_by_handle_at failed with."""
+    root = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = libc.open_by_handle_at(root, ctypes.byref(h), os.O_RDONLY)
+        if fd < 0:
+            return ctypes.get_errno()
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+    finally:
+        os.close(root)
+
+
+def _forget_inodes() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("2\n")  # dentries and inodes
+
+
+@pytest.mark.parametrize("data_path", [PASSTHROUGH], indirect=True)
+def test_file_handles_survive_the_kernel_forgetting_inodes_and_a_restart(
+    gateway: GatewayFactory,
+) -> None:
     """What NFS-Ganesha relies on: open_by_handle_at on the mount after the kernel dropped the
-    inode makes the kernel look it up by number ("."), which the journal answers."""
+    inode makes the kernel look it up by number ("."), which the journal answers. A deleted
+    file's handle is stale, also once a new file took its place, and a kept file's handle
+    works on the mount of a restarted gateway (same cache dir, new daemon)."""
     if os.geteuid() != 0:
         pytest.skip("open_by_handle_at needs CAP_DAC_READ_SEARCH")
     libc = ctypes.CDLL(None, use_errno=True)
+    gw = gateway()
+    mnt = gw.mountpoint
     (mnt / "d").mkdir()
     (mnt / "d" / "kept").write_bytes(b"kept bytes")
-    (mnt / "d" / "gone").write_bytes(b"x")
-
-    def handle(path: Path) -> _Handle:
-        h, mount_id = _Handle(handle_bytes=128), ctypes.c_int()
-        rc = libc.name_to_handle_at(
-            -100, str(path).encode(), ctypes.byref(h), ctypes.byref(mount_id), 0
-        )
-        assert rc == 0, os.strerror(ctypes.get_errno())
-        return h
-
-    kept, gone = handle(mnt / "d" / "kept"), handle(mnt / "d" / "gone")
+    (mnt / "d" / "gone").write_bytes(b"x")  # the newest inode: its number was the next one
+    kept, gone = _file_handle(libc, mnt / "d" / "kept"), _file_handle(libc, mnt / "d" / "gone")
     (mnt / "d" / "gone").unlink()
-    root = os.open(mnt, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.sync()
-        Path("/proc/sys/vm/drop_caches").write_text("2\n")  # dentries and inodes
-        fd = libc.open_by_handle_at(root, ctypes.byref(kept), os.O_RDONLY)
-        assert fd >= 0, os.strerror(ctypes.get_errno())
-        with os.fdopen(fd, "rb") as f:
-            assert f.read() == b"kept bytes"
-        assert libc.open_by_handle_at(root, ctypes.byref(gone), os.O_RDONLY) == -1
-        assert ctypes.get_errno() == errno.ESTALE
-    finally:
-        os.close(root)
+    (mnt / "d" / "new").write_bytes(b"a new file")
+    new = _file_handle(libc, mnt / "d" / "new")
+    assert bytes(new.f_handle)[: new.handle_bytes] != bytes(gone.f_handle)[: gone.handle_bytes]
+    _forget_inodes()
+    assert _open_by_handle(libc, mnt, kept) == b"kept bytes"
+    assert _open_by_handle(libc, mnt, gone) == errno.ESTALE
+    assert _open_by_handle(libc, mnt, new) == b"a new file"
+
+    gw.stop()
+    gw.start()
+    (mnt / "d" / "later").write_bytes(b"made after the restart")
+    later = _file_handle(libc, mnt / "d" / "later")
+    assert _open_by_handle(libc, mnt, kept) == b"kept bytes"
+    assert _open_by_handle(libc, mnt, new) == b"a new file"
+    assert _open_by_handle(libc, mnt, gone) == errno.ESTALE
+    # The handle's last 32 bits are the generation: the restart began a new epoch.
+    assert bytes(later.f_handle)[8:12] != bytes(kept.f_handle)[8:12]

@@ -305,19 +305,49 @@ def test_a_version_1_journal_is_migrated_and_its_directories_and_symlinks_draine
     # As version 1 left it: no device numbers, and only regular files were ever drained.
     db = sqlite3.connect(tmp_path / "journal.db")
     db.execute("ALTER TABLE inodes DROP COLUMN rdev")
+    db.execute("ALTER TABLE inodes DROP COLUMN epoch")
+    db.execute("DELETE FROM meta WHERE key = 'epoch'")
     db.execute("UPDATE inodes SET state = 'clean' WHERE id IN (?, ?)", (d.id, link.id))
     db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     db.commit()
     db.close()
     f = open_fs(tmp_path)
     try:
-        assert f.journal.get_meta("schema_version") == "2"
+        assert f.journal.get_meta("schema_version") == "3"
         for ino in (d.id, link.id):
             row = f.journal.get(ino)
             assert row is not None and row.state is State.DIRTY and row.rdev == 0
+            assert row.epoch == 0  # the handles clients may hold stay valid
         assert set(f.journal.dirty_files()) == {d.id, link.id}
+        assert f.journal.epoch == 1
+        assert f.namespace.create_file(ROOT_INODE, b"new", 0o644, ME).epoch == 1
         root = f.journal.get(ROOT_INODE)
         assert root is not None and root.state is State.CLEAN  # the root is never drained
+    finally:
+        f.close()
+
+
+def test_inode_numbers_are_not_reused_in_an_epoch_and_each_mount_is_a_new_epoch(
+    tmp_path: Path,
+) -> None:
+    """(number, epoch) is what a file handle names: it must never name two files."""
+    f = open_fs(tmp_path)
+    first = f.namespace.create_file(ROOT_INODE, b"a", 0o644, ME)
+    newest = f.namespace.create_file(ROOT_INODE, b"b", 0o644, ME)
+    f.namespace.unlink(ROOT_INODE, b"b")
+    again = f.namespace.create_file(ROOT_INODE, b"c", 0o644, ME)
+    assert (first.epoch, newest.epoch, again.epoch) == (1, 1, 1)
+    assert again.id > newest.id > first.id  # the deleted newest number is not given back
+    f.namespace.unlink(ROOT_INODE, b"c")
+    f.close()
+    f = open_fs(tmp_path)
+    try:
+        assert f.journal.get_meta("epoch") == "2"
+        row = f.journal.get(first.id)
+        assert row is not None and row.epoch == 1  # an inode keeps its epoch across mounts
+        later = f.namespace.create_file(ROOT_INODE, b"d", 0o644, ME)
+        assert later.epoch == 2  # its number may be one freed before: the epoch tells apart
+        assert (later.id, later.epoch) not in {(x.id, x.epoch) for x in (first, newest, again)}
     finally:
         f.close()
 
