@@ -15,6 +15,7 @@ import glob
 import ipaddress
 import shutil
 import socket
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,9 @@ def ganesha_conf(export: Export, state_dir: Path) -> str:
         else f"Graceless = false;\n  Grace_Period = {max(int(export.grace), 1)};"
     )
     squash = "Root_Squash" if export.root_squash else "No_Root_Squash"
+    # The file system's id clients see in attributes: the same for every mount at this path
+    # (Ganesha's default is taken from the mount's device number, new at each mount).
+    fsid = f"{zlib.crc32(str(export.mountpoint).encode())}.1"
     return f"""# Written by ckptgw serve nfs for {export.mountpoint} at every start.
 NFS_CORE_PARAM {{
   Protocols = {versions};
@@ -167,6 +171,7 @@ EXPORT_DEFAULTS {{
 }}
 EXPORT {{
   Export_Id = 1;
+  Filesystem_id = {fsid};
   Path = "{export.mountpoint}";
   Pseudo = "{export.pseudo}";
   Protocols = {versions};
@@ -178,6 +183,12 @@ EXPORT {{
   Access_Type = None;
   FSAL {{
     Name = VFS;
+    # File handles name the file system by its id. A FUSE mount has none (f_fsid 0), so
+    # Ganesha would use the device number, which the kernel hands out anew at each mount:
+    # every handle would be stale after the gateway is mounted again. Major64 keeps only the
+    # device's major number, 0 for every FUSE mount, so handles outlive a remount (their
+    # inode part is stable: fsops.journal). One FUSE file system per Ganesha, as here.
+    fsid_type = Major64;
   }}
   CLIENT {{
     Clients = {", ".join(export.clients)};
