@@ -16,15 +16,16 @@ For each checkpoint size (256 MiB to 4 GiB by default):
 - cold restore: ``torch.load`` through a fresh gateway with an empty cache, against boto3
   downloading the object (same chunk size and requests in flight).
 Then a DCP save of many files (mount against disk, and until all are in the bucket against
-boto3 uploading them), and 1 to 8 writer processes saving their shards at once, like the ranks
-of one node.
+boto3 uploading them), 1 to 8 writer processes saving their shards at once, like the ranks
+of one node, and files written through the NFS gateway mode (bench.nfs: NFS-Ganesha on
+loopback against the FUSE mount and the disk; root, with Ganesha and libnfs installed).
 
 The store is moto's S3 server on loopback; the disk is the one under ``--workdir``. Writes
 ``bench/results/suite.json``, ``suite_size.png`` and ``suite_writers.png`` and prints the table.
 
     python -m bench.suite [--sizes 256,1024,4096] [--writers 1,2,4,8] [--runs 3]
-                          [--restore-max-mib 1024] [--only save,restore,files,writers]
-                          [--paths passthrough,daemon]
+                          [--restore-max-mib 1024] [--only save,restore,files,writers,nfs]
+                          [--nfs-mib 1024] [--nfs-writers 1,8] [--paths passthrough,daemon]
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import boto3
 import torch
 import xxhash
 
-from bench import baseline
+from bench import baseline, nfs
 from bench.procs import cpu_seconds, peak_rss
 from bench.results import save
 from bench.workloads import dcp_save, save_atomic, state_dict
@@ -160,8 +161,9 @@ class Bench:
     # -- helpers ------------------------------------------------------------------------------
 
     @contextmanager
-    def node(self) -> Iterator[Gateway]:
-        """A gateway on a fresh node: its own, empty cache dir; always unmounted after."""
+    def node(self, *args: str) -> Iterator[Gateway]:
+        """A gateway on a fresh node: its own, empty cache dir; always unmounted after. ``args``
+        go to its mount."""
         self._nodes += 1
         root = self.work / f"node{self._nodes}"
         gw = Gateway(
@@ -173,6 +175,7 @@ class Bench:
             "--config",
             str(self.config),
             *(["--no-passthrough"] if self.path == DAEMON else []),
+            *args,
             env={"CKPTGW_RUNTIME_DIR": str(self.work / "run")},
         )
         try:
@@ -474,6 +477,18 @@ class Bench:
         self.samples[f"writers {n} {self.path}"] = {"shard_bytes": shard, "samples": s}
         self.add_files_rows("writers", str(n), s)
 
+    def nfs_writes(self, size: int, n: int) -> None:
+        x = mib(size) if n == 1 else f"{n}x{mib(size)}"
+        say(f"\n## NFS gateway: {n} writer(s), {mib(size)} each: NFS vs FUSE mount vs disk")
+        s = nfs.nfs_rounds(self, size, n)
+        self.samples[f"nfs {n} {self.path}"] = {"file_bytes": size, "samples": s}
+        med = {k: statistics.median(v) for k, v in s.items()}
+        self.add(
+            Row("write + fsync (mount)", x, "disk", med["disk"], med["mount"], "s"),
+            Row("write + fsync (NFS)", x, "disk", med["disk"], med["nfs"], "s"),
+            Row("write + fsync (NFS/mount)", x, "FUSE mount", med["mount"], med["nfs"], "s"),
+        )
+
 
 def machine(workdir: Path) -> dict[str, Any]:
     cpu = next(
@@ -534,7 +549,9 @@ def main() -> None:
         help="cold restore only up to this size: moto reads a whole object for "
         "every ranged GET, so its cost grows with the square of the size",
     )
-    ap.add_argument("--only", default="save,restore,files,writers")
+    ap.add_argument("--nfs-mib", type=int, default=1024, help="each NFS writer's file")
+    ap.add_argument("--nfs-writers", default="1,8", help="NFS writer counts")
+    ap.add_argument("--only", default="save,restore,files,writers,nfs")
     ap.add_argument(
         "--paths",
         default=f"{PASSTHROUGH},{DAEMON}",
@@ -548,6 +565,9 @@ def main() -> None:
     if PASSTHROUGH in paths and (why := passthrough.unavailable(True)) is not None:
         say(f"no passthrough here ({why}): measuring the daemon path only")
         paths.remove(PASSTHROUGH)
+    if "nfs" in only and (why := nfs.unavailable()) is not None:
+        say(f"no NFS section here: {why}")
+        only.discard("nfs")
     os.environ.update(CREDS)
     work = Path(tempfile.mkdtemp(prefix="ckptgw-bench-", dir=args.workdir))
     info = machine(Path(args.workdir))
@@ -574,6 +594,11 @@ def main() -> None:
             for n in (int(x) for x in args.writers.split(",")):
                 sections.append(
                     (path, functools.partial(Bench.writers, n=n, shard=args.shard_mib << 20))
+                )
+        if "nfs" in only:
+            for n in (int(x) for x in args.nfs_writers.split(",")):
+                sections.append(
+                    (path, functools.partial(Bench.nfs_writes, size=args.nfs_mib << 20, n=n))
                 )
     try:
         for i, (path, section) in enumerate(sections):

@@ -111,18 +111,15 @@ class NfsError(RuntimeError):
         self.code = code  # the negative errno libnfs returned
 
 
-class NfsClient:
-    """One libnfs client session: mounted at start, one command per call."""
+class LineClient:
+    """A child process driven one command line at a time; it answers each with one line,
+    "ok ..." or "err CODE MESSAGE", and its first line says it is ready."""
 
-    def __init__(self, exe: Path, ns: NetNs, url: str, timeout_ms: int = 60000) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            ns.argv([str(exe), url]),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, CKPTGW_NFS_TIMEOUT_MS=str(timeout_ms)),
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
-        self._reply()  # "ok mounted", or NfsError
+        self._reply()  # ready, or NfsError
 
     def _reply(self) -> str:
         assert self.proc.stdout is not None
@@ -163,3 +160,11 @@ class NfsClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class NfsClient(LineClient):
+    """One libnfs client session (tests/nfs/client.c): mounted at start, one command per call."""
+
+    def __init__(self, exe: Path, ns: NetNs, url: str, timeout_ms: int = 60000) -> None:
+        env = dict(os.environ, CKPTGW_NFS_TIMEOUT_MS=str(timeout_ms))
+        super().__init__(ns.argv([str(exe), url]), env)  # "ok mounted", or NfsError

@@ -14,6 +14,7 @@ import pytest
 
 from ckptgw.fsops import passthrough
 from ckptgw.fsops.passthrough import DAEMON, PASSTHROUGH
+from tests.nfsclient import nfs_unavailable
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch]
 
@@ -36,6 +37,10 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
             "8",
             "--dcp-tensors",
             "16",
+            "--nfs-mib",
+            "8",
+            "--nfs-writers",
+            "2",
             "--runs",
             "1",
             "--workdir",
@@ -69,6 +74,11 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
     }
     if os.geteuid() == 0:  # it drops the page cache
         each.add(("cold read (cached)", "16 MiB"))
+    if nfs_unavailable() is None:
+        for metric in ("write + fsync (mount)", "write + fsync (NFS)", "write + fsync (NFS/mount)"):
+            each.add((metric, "2x8 MiB"))
+    else:
+        assert "no NFS section here" in r.stdout
     got = {(row["metric"], row["x"], row["path"]) for row in doc["rows"]}
     assert got == {(m, x, p) for p in paths for m, x in each}
     for row in doc["rows"]:

@@ -1,0 +1,158 @@
+"""The NFS section of `make bench`: files written through NFS-Ganesha on loopback (``ckptgw
+serve nfs``, a libnfs client per writer in a private network namespace) against the same
+writes into the FUSE mount and into a directory on the cache disk, the three sides alternated
+run by run.
+
+Each writer writes one file in 1 MiB writes, fsyncs it (an NFS COMMIT), closes it and renames
+it into place; the local sides do the same through ``bench.copier``, a process started before
+the clock, as the NFS clients are mounted before it. Every writer of a round starts at once;
+the round's time runs until the last one returned. Between rounds the mount's and the NFS
+side's files are left to drain to the bucket, then deleted, so no drain runs during a round.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.nfsclient import LineClient, NetNs, NfsClient, build_client, nfs_unavailable
+
+if TYPE_CHECKING:
+    from bench.suite import Bench
+
+SIDES = ("disk", "mount", "nfs")
+EXPORT_DIR = "users"  # made in the mount, owned by the NFS clients' uid
+CLIENT_UID = 1000
+REPO = Path(__file__).resolve().parent.parent
+
+
+def unavailable() -> str | None:
+    """Why the NFS section cannot run here, or None."""
+    return nfs_unavailable()
+
+
+def random_file(path: Path, size: int) -> None:
+    with path.open("wb") as f:
+        left = size
+        while left:
+            n = min(left, 64 << 20)
+            f.write(os.urandom(n))
+            left -= n
+
+
+def all_at_once(jobs: Sequence[Callable[[], object]]) -> float:
+    """Run every job in its own thread at once; seconds until the last one returned."""
+    errors: list[BaseException] = []
+
+    def run(job: Callable[[], object]) -> None:
+        try:
+            job()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(job,)) for job in jobs]
+    os.sync()  # start with no write-back left over from the last round
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return seconds
+
+
+def nfs_rounds(b: Bench, size: int, writers: int) -> dict[str, list[float]]:
+    """``b.runs`` rounds (after one warm-up) of ``writers`` files of ``size`` bytes on each
+    side; the seconds of each counted round, by side."""
+    exe = build_client(b.work)
+    src = b.work / "source.bin"
+    random_file(src, size)
+    src.read_bytes()  # in the page cache for every side alike
+    s: dict[str, list[float]] = {side: [] for side in SIDES}
+    # The namespace first: its rpcbind's private mount namespace must not hold the mount.
+    with NetNs() as ns, b.node("--allow-other") as gw:
+        users = gw.mountpoint / EXPORT_DIR
+        users.mkdir()
+        os.chown(users, CLIENT_UID, CLIENT_UID)
+        serve = [sys.executable, "-m", "ckptgw.gateway.cli", "serve", "nfs", str(gw.mountpoint)]
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ns.argv([*serve, *args]), env=gw.env, capture_output=True, text=True, check=False
+            )
+
+        r = cli("--clients", "127.0.0.1/32")
+        if r.returncode != 0:
+            raise RuntimeError(f"serve nfs failed: {r.stderr.strip()}")
+        url = f"nfs://127.0.0.1/checkpoints?uid={CLIENT_UID}&gid={CLIENT_UID}"
+        copier = [sys.executable, "-m", "bench.copier"]
+        clients: dict[str, list[LineClient]] = {"disk": [], "mount": [], "nfs": []}
+        try:
+            for _ in range(writers):
+                clients["disk"].append(LineClient(copier))
+                clients["mount"].append(LineClient(copier))
+                clients["nfs"].append(NfsClient(exe, ns, url))
+            for i in range(b.runs + 1):  # the first round warms every side up, not counted
+                times = {}
+                for side in SIDES[i % 3 :] + SIDES[: i % 3]:  # each side goes first in turn
+                    times[side] = one_round(b, side, clients[side], src, gw.mountpoint, i)
+                say_round(i, writers, times)
+                if i:
+                    for side, t in times.items():
+                        s[side].append(t)
+        finally:
+            for group in clients.values():
+                for c in group:
+                    c.close()
+            cli("--stop")
+    src.unlink()
+    return s
+
+
+def one_round(
+    b: Bench, side: str, writers: list[LineClient], src: Path, mnt: Path, i: int
+) -> float:
+    if side == "disk":
+        where = b.disk / f"nfs_round_{i}"
+        where.mkdir()
+        paths = [str(where / f"w{k}") for k in range(len(writers))]
+    elif side == "mount":
+        (mnt / EXPORT_DIR / f"mount_{i}").mkdir()
+        paths = [str(mnt / EXPORT_DIR / f"mount_{i}" / f"w{k}") for k in range(len(writers))]
+    else:
+        writers[0].cmd("mkdir", f"/{EXPORT_DIR}/nfs_{i}")
+        paths = [f"/{EXPORT_DIR}/nfs_{i}/w{k}" for k in range(len(writers))]
+    seconds = all_at_once(
+        [
+            lambda c=c, p=p: c.cmd("put", src, f"{p}.tmp", p)  # type: ignore[misc]
+            for c, p in zip(writers, paths, strict=True)
+        ]
+    )
+    size = src.stat().st_size
+    if side == "disk":
+        for p in paths:
+            os.unlink(p)
+        os.rmdir(os.path.dirname(paths[0]))
+        return seconds
+    sub = f"{side}_{i}"
+    b.wait_in_bucket({f"gw/{EXPORT_DIR}/{sub}/w{k}": size for k in range(len(writers))})
+    for k in range(len(writers)):
+        (mnt / EXPORT_DIR / sub / f"w{k}").unlink()
+    (mnt / EXPORT_DIR / sub).rmdir()  # the gateway deletes the objects
+    return seconds
+
+
+def say_round(i: int, writers: int, times: dict[str, float]) -> None:
+    print(
+        f"  run {i}{' (warm-up)' if not i else ''}: {writers} writer(s): disk "
+        f"{times['disk']:6.2f} s, mount {times['mount']:6.2f} s, NFS {times['nfs']:6.2f} s",
+        flush=True,
+    )
