@@ -59,6 +59,7 @@ from bench.workloads import dcp_save, save_atomic, state_dict
 from ckptgw.fsops import passthrough
 from ckptgw.fsops.passthrough import DAEMON, PASSTHROUGH
 from ckptgw.gateway.harness import Gateway, exit_on_sigterm
+from ckptgw.gateway.storeplace import place_of
 from tests.s3server import moto_server
 
 PART = 16 << 20  # upload part size and parts in flight, for the gateway and boto3 alike
@@ -500,9 +501,7 @@ def machine(workdir: Path) -> dict[str, Any]:
         platform.processor(),
     )
     mem = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
-    fstype = subprocess.run(
-        ["stat", "-f", "-c", "%T", str(workdir)], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    fstype = place_of(workdir).fstype  # from mountinfo: statfs says "ext2/ext3" for ext4
     return {
         "date": datetime.date.today().isoformat(),
         "cpu": cpu,

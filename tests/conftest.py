@@ -25,6 +25,10 @@ from ckptgw.fsops.passthrough import DAEMON, PASSTHROUGH
 from ckptgw.gateway.harness import Gateway
 
 DATA_PATHS = (PASSTHROUGH, DAEMON)
+ANY_DATA_PATH = "any"
+# For a test of what the data path does not touch (names, listings, the drain's scheduling):
+# it runs once, on the kernel's path where this machine has it, else on the daemon's.
+any_data_path = pytest.mark.parametrize("data_path", [ANY_DATA_PATH], indirect=True)
 
 HAVE_FUSE = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
 needs_fuse = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
@@ -88,7 +92,9 @@ GatewayFactory = Callable[..., CheckedGateway]
 @pytest.fixture(params=DATA_PATHS)
 def data_path(request: pytest.FixtureRequest) -> str:
     """Every mount test runs on both data paths (fsops.passthrough): the kernel's, where
-    this machine can do it, and the daemon's."""
+    this machine can do it, and the daemon's (``any_data_path``: the first of them here)."""
+    if request.param == ANY_DATA_PATH:
+        return PASSTHROUGH if passthrough.unavailable(True) is None else DAEMON
     if request.param == PASSTHROUGH and (why := passthrough.unavailable(True)) is not None:
         pytest.skip(f"no FUSE passthrough here: {why}")
     return str(request.param)

@@ -17,7 +17,7 @@ import pytest
 import xxhash
 
 from ckptgw.gateway.mountpoint import mounted_fstype
-from tests.conftest import CheckedGateway, GatewayFactory, needs_fuse
+from tests.conftest import CheckedGateway, GatewayFactory, any_data_path, needs_fuse
 from tests.faultproxy import Fault, FaultProxy
 
 pytestmark = [pytest.mark.mount, needs_fuse]
@@ -264,6 +264,7 @@ def test_faults_lose_nothing(drain: Callable[..., DrainSetup]) -> None:
 
 
 @pytest.mark.parametrize("drain", ["s3"], indirect=True)
+@any_data_path
 def test_a_part_that_keeps_failing_delays_only_its_file(drain: Callable[..., DrainSetup]) -> None:
     """A part that fails through every retry fails its upload, not the gateway: the file is
     tried again later and arrives; the others are not held up."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from tests.conftest import GatewayFactory, errno_of, needs_fuse
+from tests.conftest import GatewayFactory, any_data_path, errno_of, needs_fuse
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 
@@ -148,6 +148,7 @@ def test_name_and_key_limits(mnt: Path) -> None:
     assert errno_of(os.rename, d / "f", d / ("f" * 30)) == errno.ENAMETOOLONG
 
 
+@any_data_path
 def test_large_directory_listing(mnt: Path) -> None:
     d = mnt / "many"
     d.mkdir()

@@ -20,15 +20,14 @@ from typing import Any
 
 import pytest
 
-from ckptgw.fsops.passthrough import PASSTHROUGH
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.nfsexport import Export, _address, ganesha_conf, load_export
 from ckptgw.gateway.nfsserve import ganesha_errors, read_state, state_dir
-from tests.conftest import CheckedGateway, GatewayFactory
+from tests.conftest import CheckedGateway, GatewayFactory, any_data_path
 from tests.nfsclient import NetNs, NfsClient, NfsError, build_client, nfs_unavailable
 
 USER = "uid=1000&gid=1000"
-one_data_path = pytest.mark.parametrize("data_path", [PASSTHROUGH], indirect=True)
+one_data_path = any_data_path  # Ganesha reads and writes through either path alike
 
 
 # -- the export's settings and Ganesha's config (no mount) --------------------------------------
@@ -369,7 +368,7 @@ def _forget_inodes() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("2\n")  # dentries and inodes
 
 
-@pytest.mark.parametrize("data_path", [PASSTHROUGH], indirect=True)
+@one_data_path
 def test_file_handles_survive_the_kernel_forgetting_inodes_and_a_restart(
     gateway: GatewayFactory,
 ) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tests.conftest import CheckedGateway, GatewayFactory, errno_of, needs_fuse
+from tests.conftest import CheckedGateway, GatewayFactory, any_data_path, errno_of, needs_fuse
 from tests.faultproxy import FaultProxy
 from tests.test_drain import file_store_objects, wait_for
 
@@ -194,6 +194,7 @@ def test_nodes_see_each_others_files_last_writer_wins(nodes: Nodes) -> None:
     assert (a.mountpoint / "shared/one.pt").read_bytes() == b"rewritten by b"
 
 
+@any_data_path  # the fresh node reads through the daemon either way; saves: tests/test_torch.py
 def test_torch_and_dcp_checkpoints_restore_on_a_fresh_node(nodes: Nodes) -> None:
     torch = pytest.importorskip("torch")
     import torch.multiprocessing as mp
