@@ -13,7 +13,6 @@ side's files are left to drain to the bucket, then deleted, so no drain runs dur
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.nfsclient import LineClient, NetNs, NfsClient, build_client, nfs_unavailable
+from tests.nfsclient import LineClient, NetNs, NfsClient, build_client, serve_nfs
 
 if TYPE_CHECKING:
     from bench.suite import Bench
@@ -29,12 +28,6 @@ if TYPE_CHECKING:
 SIDES = ("disk", "mount", "nfs")
 EXPORT_DIR = "users"  # made in the mount, owned by the NFS clients' uid
 CLIENT_UID = 1000
-REPO = Path(__file__).resolve().parent.parent
-
-
-def unavailable() -> str | None:
-    """Why the NFS section cannot run here, or None."""
-    return nfs_unavailable()
 
 
 def random_file(path: Path, size: int) -> None:
@@ -82,14 +75,7 @@ def nfs_rounds(b: Bench, size: int, writers: int) -> dict[str, list[float]]:
         users = gw.mountpoint / EXPORT_DIR
         users.mkdir()
         os.chown(users, CLIENT_UID, CLIENT_UID)
-        serve = [sys.executable, "-m", "ckptgw.gateway.cli", "serve", "nfs", str(gw.mountpoint)]
-
-        def cli(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(
-                ns.argv([*serve, *args]), env=gw.env, capture_output=True, text=True, check=False
-            )
-
-        r = cli("--clients", "127.0.0.1/32")
+        r = serve_nfs(ns, gw.mountpoint, gw.env, "--clients", "127.0.0.1/32")
         if r.returncode != 0:
             raise RuntimeError(f"serve nfs failed: {r.stderr.strip()}")
         url = f"nfs://127.0.0.1/checkpoints?uid={CLIENT_UID}&gid={CLIENT_UID}"
@@ -112,7 +98,7 @@ def nfs_rounds(b: Bench, size: int, writers: int) -> dict[str, list[float]]:
             for group in clients.values():
                 for c in group:
                     c.close()
-            cli("--stop")
+            serve_nfs(ns, gw.mountpoint, gw.env, "--stop")
     src.unlink()
     return s
 

@@ -60,6 +60,7 @@ from ckptgw.fsops import passthrough
 from ckptgw.fsops.passthrough import DAEMON, PASSTHROUGH
 from ckptgw.gateway.harness import Gateway, exit_on_sigterm
 from ckptgw.gateway.storeplace import place_of
+from tests.nfsclient import nfs_unavailable
 from tests.s3server import moto_server
 
 PART = 16 << 20  # upload part size and parts in flight, for the gateway and boto3 alike
@@ -564,7 +565,7 @@ def main() -> None:
     if PASSTHROUGH in paths and (why := passthrough.unavailable(True)) is not None:
         say(f"no passthrough here ({why}): measuring the daemon path only")
         paths.remove(PASSTHROUGH)
-    if "nfs" in only and (why := nfs.unavailable()) is not None:
+    if "nfs" in only and (why := nfs_unavailable()) is not None:
         say(f"no NFS section here: {why}")
         only.discard("nfs")
     os.environ.update(CREDS)

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +37,16 @@ def build_client(out_dir: Path) -> Path:
     ).stdout.split()
     subprocess.run(["cc", "-O2", "-Wall", "-o", str(exe), str(SOURCE), *flags], check=True)
     return exe
+
+
+def serve_nfs(
+    ns: NetNs, mountpoint: Path, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``ckptgw serve nfs MOUNTPOINT ARGS`` run inside ``ns`` (so Ganesha listens there)."""
+    argv = [sys.executable, "-m", "ckptgw.gateway.cli", "serve", "nfs", str(mountpoint), *args]
+    return subprocess.run(
+        ns.argv(argv), env=env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 class NetNs:

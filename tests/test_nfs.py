@@ -11,7 +11,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +23,14 @@ from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.nfsexport import Export, _address, ganesha_conf, load_export
 from ckptgw.gateway.nfsserve import ganesha_errors, read_state, state_dir
 from tests.conftest import CheckedGateway, GatewayFactory, any_data_path
-from tests.nfsclient import NetNs, NfsClient, NfsError, build_client, nfs_unavailable
+from tests.nfsclient import (
+    NetNs,
+    NfsClient,
+    NfsError,
+    build_client,
+    nfs_unavailable,
+    serve_nfs,
+)
 
 USER = "uid=1000&gid=1000"
 one_data_path = any_data_path  # Ganesha reads and writes through either path alike
@@ -120,11 +126,7 @@ class Served:
         self.gw, self.ns, self.exe = gw, ns, exe
 
     def serve(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.ns.argv([sys.executable, "-m", "ckptgw.gateway.cli", "serve", "nfs",
-                          str(self.gw.mountpoint), *args]),
-            env=self.gw.env, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        return serve_nfs(self.ns, self.gw.mountpoint, self.gw.env, *args)
 
     def client(self, query: str = USER, **kw: Any) -> NfsClient:
         return NfsClient(self.exe, self.ns, f"nfs://127.0.0.1/checkpoints?{query}", **kw)
