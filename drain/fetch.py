@@ -1,18 +1,31 @@
 """Read-through: the content of remote files, fetched into the cache with parallel ranged GETs.
 
 Opening a remote file checks that the object still exists (a HEAD, which also brings its
-checksum and attributes, unless its lookup just did: :mod:`drain.entries`; ENOENT if it is
-gone) and starts fetching it: ``parallel`` ranged
-GETs of ``chunk`` bytes, pinned to the object's ETag (a rewrite during the fetch is ESTALE,
-never a mix of versions), written into a sparse cache file of the full size. Chunks go in
-file order from where the reader is (sequential read-ahead), chunks a reader waits for first.
-A read returns as soon as its chunks are there.
+checksum and attributes, unless its lookup or a prefetch just did: :mod:`drain.entries`;
+ENOENT if it is gone) and starts fetching it into a sparse cache file of the full size, with
+ranged GETs pinned to the object's ETag (a rewrite during the fetch is ESTALE, never a mix of
+versions).
 
-The xxh3-128 of the content is computed as the chunks arrive in order, so verification costs
-no second pass; the read that completes the file returns only after it. A mismatch fails every
-read of the file with EIO and is logged; the cache file is dropped and the next open tries
-again. Objects without a checksum (written by other tools) are not verified. A verified file
-becomes clean: cached, evictable, read locally from then on.
+Range size adapts to the object (:func:`range_size`): the object is cut into about as many
+ranges as there are GETs in flight (``cache.fetch_parallel``), each between 8 MiB and
+``cache.fetch_chunk_max``, so a big object costs few requests (a store with a per-request
+cost, or one that reads the whole object for every range, pays for each) and still fills
+every connection; ``cache.fetch_chunk`` fixes the size instead. A range is written into the
+cache file as its body arrives (:meth:`drain.store.Store.get_into`, pieces of 4 MiB), and a
+read returns as soon as its own bytes are there, so a large range does not delay the first
+bytes; a retry resumes where the bytes end.
+
+GETs in flight are shared by every fetch (:class:`Slots`); a freed one goes to a range a
+reader is waiting for first, then to read-ahead of files that are open, then to prefetches
+(:mod:`drain.prefetch`). Ranges go in file order from where the reader is (sequential
+read-ahead), ranges a reader waits for first.
+
+The xxh3-128 of the content is computed as the bytes become contiguous from the start (read
+back from the page cache by one hashing task per fetch), so verification needs no pass after
+the last byte but the unhashed tail; the read that completes the file returns only after it.
+A mismatch fails every read of the file with EIO and is logged; the cache file is dropped and
+the next open tries again. Objects without a checksum (written by other tools) are not
+verified. A verified file becomes clean: cached, evictable, read locally from then on.
 
 Opening for writing fetches the whole file first (O_TRUNC fetches nothing).
 """
@@ -20,9 +33,12 @@ Opening for writing fetches the whole file first (O_TRUNC fetches nothing).
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import trio
@@ -37,18 +53,80 @@ from ckptgw.fsops.state import FileStates
 
 log = logging.getLogger(__name__)
 
+MIN_RANGE = 8 << 20
+HASH_PIECE = 4 << 20
+# What a range is fetched for, most urgent first: a reader waits for it; read-ahead of a file
+# that is open; a prefetch (nobody has opened the file yet).
+WAITED, OPEN, PREFETCH = 0, 1, 2
+
 
 @dataclass(frozen=True)
 class FetchConfig:
-    chunk: int = 8 << 20
+    chunk: int | None = None  # fixed range size; None: adapt to each object (range_size)
+    chunk_max: int = 256 << 20
     parallel: int = 8  # ranged GETs in flight, over all files
     failed_for: float = 5.0  # a failed fetch answers reads with its error this long
+
+
+def range_size(size: int, config: FetchConfig) -> int:
+    """The ranged GET size for an object of ``size`` bytes: ``config.chunk`` if set, else
+    about ``size / parallel`` (whole MiB), at least 8 MiB and at most ``chunk_max``."""
+    if config.chunk is not None:
+        return config.chunk
+    each = -(-size // config.parallel)
+    each = -(-each // (1 << 20)) * (1 << 20)
+    return max(MIN_RANGE, min(config.chunk_max, each))
 
 
 @dataclass
 class FetchStats:
     files: int = 0
     bytes: int = 0
+    requests: int = 0  # ranged GETs started (a retry inside one counts once)
+
+
+class Slots:
+    """``n`` requests in flight. A freed slot goes to the waiter whose priority is the lowest
+    when the slot frees (asked then: a prefetched file a reader opens meanwhile moves up),
+    then the longest waiting."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+        self._waiters: list[tuple[Callable[[], int], int, trio.Event]] = []
+        self._seq = itertools.count()
+
+    @asynccontextmanager
+    async def slot(self, priority: Callable[[], int]) -> AsyncIterator[None]:
+        await self._acquire(priority)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, priority: Callable[[], int]) -> None:
+        if self.free and not self._waiters:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            self.free -= 1
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        waiter = (priority, next(self._seq), trio.Event())
+        self._waiters.append(waiter)
+        try:
+            await waiter[2].wait()
+        except BaseException:
+            if waiter[2].is_set():
+                self._release()  # handed a slot while being cancelled: pass it on
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def _release(self) -> None:
+        if not self._waiters:
+            self.free += 1
+            return
+        best = min(self._waiters, key=lambda w: (w[0](), w[1]))
+        self._waiters.remove(best)
+        best[2].set()
 
 
 class _Fetch:
@@ -59,22 +137,29 @@ class _Fetch:
         self.chunk = chunk
         self.count = max(1, -(-self.size // chunk))
         self.started = [False] * self.count
-        self.done = [False] * self.count
-        self.arrived = [trio.Event() for _ in range(self.count)]
-        self.wanted: list[int] = []  # chunks a reader waits for, not yet started
+        self.filled = [0] * self.count  # bytes in the file from each range's start
+        self.changed = trio.Event()  # set (and replaced) whenever bytes arrive or it ends
+        self.wanted: list[int] = []  # ranges a reader waits for, not yet started
         self.cursor = 0  # read-ahead continues from here
-        self.remaining = self.count
-        self.hasher = xxhash.xxh3_128()
-        self.hashed = 0  # chunks hashed, in order
-        self.hash_lock = trio.Lock()
+        self.waiting = 0  # reads waiting for bytes now
+        self.opened = False  # opened by a reader (not only prefetched)
+        self.hashed = 0  # bytes hashed, from the start
         self.error: int | None = None
         self.verified = False
+        self.digest = ""
         self.landing = 0  # charged to the cache space, not yet written
         self.failed_at = 0.0
         self.finished = trio.Event()
 
     def span(self, i: int) -> tuple[int, int]:
         return i * self.chunk, min(self.size, (i + 1) * self.chunk)
+
+    def priority(self) -> int:
+        return WAITED if self.waiting else OPEN if self.opened else PREFETCH
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
 
     def next_chunk(self) -> int | None:
         while self.wanted:
@@ -98,12 +183,29 @@ class _Fetch:
         if not self.started[first]:
             self.cursor = first
 
+    def has(self, start: int, end: int) -> bool:
+        """Whether bytes [start, end) are all in the file."""
+        for i in range(start // self.chunk, (end - 1) // self.chunk + 1):
+            lo, hi = self.span(i)
+            if lo + self.filled[i] < min(end, hi):
+                return False
+        return True
+
+    def contiguous(self) -> int:
+        """How many bytes from the start of the file are in it."""
+        i = self.hashed // self.chunk
+        while i < self.count:
+            lo, hi = self.span(i)
+            if lo + self.filled[i] < hi:
+                return lo + self.filled[i]
+            i += 1
+        return self.size
+
     def fail(self, code: int) -> None:
         if self.error is None:
             self.error = code
             self.failed_at = time.monotonic()
-        for e in self.arrived:
-            e.set()
+        self.wake()
         self.finished.set()
 
 
@@ -129,7 +231,7 @@ class Fetcher:
         self.config = config
         self.stats = FetchStats()
         self._active: dict[int, _Fetch] = {}
-        self._limiter = trio.CapacityLimiter(config.parallel)
+        self.slots = Slots(config.parallel)
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -153,7 +255,9 @@ class Fetcher:
         if writable:
             await self.ensure_whole(ino)
         else:
-            await self._start(ino)  # read-ahead starts now, before the first read
+            f = await self._start(ino)  # read-ahead starts now, before the first read
+            if f is not None:
+                f.opened = True
 
     async def ensure(self, ino: Inode, off: int, size: int) -> None:
         f = await self._start(ino)
@@ -161,10 +265,17 @@ class Fetcher:
             return
         end = min(off + size, f.size)
         if off < end and f.error is None:
-            first, last = off // f.chunk, (end - 1) // f.chunk
-            f.want(first, last)
-            for i in range(first, last + 1):
-                await f.arrived[i].wait()
+            f.want(off // f.chunk, (end - 1) // f.chunk)
+        f.waiting += 1
+        try:
+            # A read returns once its bytes are in, except the read that finds the whole
+            # file there: that one waits for the checksum.
+            while f.error is None and not f.verified and off < end:
+                if f.has(off, end) and f.contiguous() < f.size:
+                    break
+                await f.changed.wait()
+        finally:
+            f.waiting -= 1
         if f.error is not None:
             raise fs_error(f.error)
 
@@ -174,6 +285,12 @@ class Fetcher:
             await f.finished.wait()
             if f.error is not None:
                 raise fs_error(f.error)
+
+    async def prefetch(self, ino: Inode) -> None:
+        """Fetch a remote file whole, at the lowest priority until a reader opens it (its
+        HEAD done by the caller); returns once it is in the cache, or raises the FUSEError a
+        read would get."""
+        await self.ensure_whole(ino)
 
     # -- one fetch -------------------------------------------------------------------------------
 
@@ -192,7 +309,7 @@ class Fetcher:
         fd = self.cache.open(ino.id)
         os.ftruncate(fd, ino.size)
         f = self._active[ino.id] = _Fetch(
-            ino, ino.stored_key, ino.stored_etag, self.config.chunk, fd
+            ino, ino.stored_key, ino.stored_etag, range_size(ino.size, self.config), fd
         )
         f.landing = landing
         ino.pins += 1
@@ -204,10 +321,11 @@ class Fetcher:
         started = time.monotonic()
         try:
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._hash, f)
                 for _ in range(min(self.config.parallel, f.count)):
                     nursery.start_soon(self._worker, f)
             if f.error is None:
-                await self._verify(f)
+                self._verify(f)
         except Exception:
             log.exception("fetching %s failed unexpectedly", f.key)
             f.fail(errno.EIO)
@@ -220,77 +338,89 @@ class Fetcher:
                 self._active.pop(f.ino.id, None)
                 self.stats.files += 1
                 log.info(
-                    "fetched %s (%d bytes) in %.2f s", f.key, f.size, time.monotonic() - started
+                    "fetched %s (%d bytes, %d ranges) in %.2f s",
+                    f.key,
+                    f.size,
+                    f.count,
+                    time.monotonic() - started,
                 )
             elif f.error is not None:
                 self._drop(f)
             else:  # cancelled: nobody may take the sparse file for content
                 f.fail(errno.EIO)
                 self._active.pop(f.ino.id, None)
+            f.wake()
             f.finished.set()
             self.table.release_if_unused(f.ino)
 
     async def _worker(self, f: _Fetch) -> None:
-        while f.error is None and (i := f.next_chunk()) is not None:
-            start, end = f.span(i)
-            data = b"" if start == end else await self._get(f, start, end)
-            if data is None:
-                return
-            await trio.to_thread.run_sync(os.pwrite, f.fd, data, start)
-            landed = min(f.landing, len(data))
-            f.landing -= landed
-            self.space.landed(landed)
-            self.stats.bytes += len(data)
-            f.done[i] = True
-            f.remaining -= 1
-            await self._hash_ahead(f, i, data)
-            if f.remaining:  # the read that completes the file waits for verification
-                f.arrived[i].set()
+        while f.error is None:
+            async with self.slots.slot(f.priority):
+                i = f.next_chunk()
+                if i is None or f.error is not None:
+                    return
+                await self._get(f, i)
 
-    async def _get(self, f: _Fetch, start: int, end: int) -> bytes | None:
-        """Bytes [start, end) of the object, or None after failing the fetch."""
+    def _arrived(self, f: _Fetch, i: int, n: int) -> None:
+        """The first ``n`` bytes of range ``i`` are in the cache file."""
+        grew = n - f.filled[i]
+        if grew <= 0:
+            return
+        f.filled[i] = n
+        landed = min(f.landing, grew)
+        f.landing -= landed
+        self.space.landed(landed)
+        self.stats.bytes += grew
+        f.wake()
+
+    async def _get(self, f: _Fetch, i: int) -> None:
+        """Range ``i`` into the cache file; a failure fails the fetch."""
+        start, end = f.span(i)
+        if start == end:
+            return
+        self.stats.requests += 1
         try:
-            async with self._limiter:
-                data = await self.store.get(f.key, start, end, etag=f.etag)
+            await self.store.get_into(
+                f.key, start, end, f.fd, etag=f.etag, progress=lambda n: self._arrived(f, i, n)
+            )
         except Stale as e:
             log.warning("%s; reads of it fail with ESTALE until it is opened again", e)
             f.fail(errno.ESTALE)
-            return None
         except NotFound:
             log.warning("%s vanished from the store while being read", f.key)
             f.fail(errno.ENOENT)
-            return None
         except StoreError as e:
             log.warning("cannot read %s: %s", f.key, e)
             f.fail(errno.EIO)
-            return None
-        if len(data) != end - start:
-            log.error("%s: got %d bytes for [%d, %d)", f.key, len(data), start, end)
-            f.fail(errno.EIO)
-            return None
-        return data
 
-    async def _hash_ahead(self, f: _Fetch, arrived: int = -1, data: bytes = b"") -> None:
-        """Hash the chunks done in order since the last call: the one that just ``arrived``
-        from its bytes in memory, the others read back from the cache file."""
-        async with f.hash_lock:
-            todo: list[int] = []
-            while f.hashed + len(todo) < f.count and f.done[f.hashed + len(todo)]:
-                todo.append(f.hashed + len(todo))
-            if not todo:
-                return
+    async def _hash(self, f: _Fetch) -> None:
+        """Hash the content as it becomes contiguous from the start, reading it back from the
+        cache file (the page cache: it was just written)."""
+        hasher = xxhash.xxh3_128()
+        while f.error is None and f.hashed < f.size:
+            upto = f.contiguous()
+            if upto == f.hashed:
+                await f.changed.wait()
+                continue
+            start = f.hashed
 
-            def run() -> None:
-                for i in todo:
-                    start, end = f.span(i)
-                    f.hasher.update(data if i == arrived else os.pread(f.fd, end - start, start))
+            def run(start: int = start, upto: int = upto) -> None:
+                buf = bytearray(min(HASH_PIECE, upto - start))
+                view = memoryview(buf)
+                pos = start
+                while pos < upto:
+                    n = os.preadv(f.fd, [view[: min(len(buf), upto - pos)]], pos)
+                    if n <= 0:
+                        raise OSError(errno.EIO, "short read of a cache file being fetched")
+                    hasher.update(view[:n])
+                    pos += n
 
             await trio.to_thread.run_sync(run)
-            f.hashed += len(todo)
+            f.hashed = upto
+        f.digest = hasher.hexdigest()
 
-    async def _verify(self, f: _Fetch) -> None:
-        await self._hash_ahead(f)
-        got = f.hasher.hexdigest()
+    def _verify(self, f: _Fetch) -> None:
+        got = f.digest
         ino = f.ino
         if f.checksum is not None and got != f.checksum:
             log.error(
@@ -305,8 +435,7 @@ class Fetcher:
         if ino.state is State.REMOTE and ino.stored_etag == f.etag:
             self.states.fetched(ino, got)
         f.verified = True
-        for e in f.arrived:
-            e.set()
+        f.wake()
 
     def _drop(self, f: _Fetch) -> None:
         """A failed fetch keeps no content; the file stays remote. The cache file is emptied,

@@ -35,9 +35,11 @@ import trio
 import xxhash
 
 from ckptgw.drain.store import (
+    PIECE,
     Listing,
     NotFound,
     ObjectInfo,
+    Progress,
     Stale,
     Store,
     StoreError,
@@ -45,6 +47,7 @@ from ckptgw.drain.store import (
     check_copy,
     is_marker,
     marker_error,
+    short_read,
 )
 from ckptgw.drain.storeurl import StoreURL
 
@@ -173,6 +176,34 @@ class FileStore(Store):
                 return f.read(-1 if end is None else max(0, end - start))
 
         return await self._run(f"GET {key}", go)
+
+    async def get_into(
+        self,
+        key: str,
+        start: int,
+        end: int,
+        fd: int,
+        *,
+        etag: str | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        path = self._path(key)
+
+        def go() -> None:
+            with open(path, "rb") as f:
+                if etag is not None and _etag(os.fstat(f.fileno())) != etag:
+                    raise Stale(f"GET {key}: the object changed (ETag is no longer {etag})")
+                done = 0
+                while done < end - start:
+                    data = os.pread(f.fileno(), min(PIECE, end - start - done), start + done)
+                    if not data:
+                        raise short_read(key, start, end, done)
+                    os.pwrite(fd, data, start + done)
+                    done += len(data)
+                    if progress is not None:
+                        trio.from_thread.run_sync(progress, done)
+
+        await self._run(f"GET {key}", go)
 
     async def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)

@@ -1,19 +1,26 @@
-"""The store side of the filesystem (:class:`fsops.remote.Remote`): listings and fetches."""
+"""The store side of the filesystem (:class:`fsops.remote.Remote`): listings, fetches, and
+the prefetch a read of a checkpoint's file starts."""
 
 from __future__ import annotations
+
+import os
 
 from ckptgw.drain.entries import Entries
 from ckptgw.drain.fetch import Fetcher
 from ckptgw.drain.listing import Listings
+from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.fsops.inodes import Inode
-from ckptgw.fsops.journal import InodeRow
+from ckptgw.fsops.journal import InodeRow, State
 
 
 class ReadThrough:
-    def __init__(self, listings: Listings, entries: Entries, fetcher: Fetcher) -> None:
+    def __init__(
+        self, listings: Listings, entries: Entries, fetcher: Fetcher, prefetcher: Prefetcher
+    ) -> None:
         self.listings = listings
         self.entries = entries
         self.fetcher = fetcher
+        self.prefetcher = prefetcher
 
     async def refresh(self, directory: Inode) -> None:
         await self.listings.refresh(directory)
@@ -25,7 +32,10 @@ class ReadThrough:
         return self.entries.known(row)
 
     async def prepare_open(self, ino: Inode, flags: int) -> None:
+        remote = ino.state is State.REMOTE
         await self.fetcher.prepare_open(ino, flags)
+        if remote and (flags & os.O_ACCMODE) == os.O_RDONLY:
+            self.prefetcher.opened(ino)  # the rest of its checkpoint, in the background
 
     async def ensure(self, ino: Inode, off: int, size: int) -> None:
         await self.fetcher.ensure(ino, off, size)

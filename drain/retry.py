@@ -29,6 +29,7 @@ from ckptgw.drain.store import (
     Listing,
     NotFound,
     ObjectInfo,
+    Progress,
     Store,
     StoreError,
     Upload,
@@ -151,6 +152,36 @@ class RetryingStore(Store):
         return await self._retry(
             f"GET {key}{span}", lambda: self.inner.get(key, start, end, etag=etag)
         )
+
+    async def get_into(
+        self,
+        key: str,
+        start: int,
+        end: int,
+        fd: int,
+        *,
+        etag: str | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        """A retry resumes where the failed attempt's bytes end: what is in the file is not
+        fetched again (the ETag pins the version, so the rest belongs to the same one)."""
+        done = 0
+
+        def advanced(n: int) -> None:
+            nonlocal done
+            done = max(done, n)
+            if progress is not None:
+                progress(done)
+
+        async def attempt() -> None:
+            base = done
+            if start + base >= end and end > start:
+                return  # every byte arrived before the error
+            await self.inner.get_into(
+                key, start + base, end, fd, etag=etag, progress=lambda n: advanced(base + n)
+            )
+
+        await self._retry(f"GET {key} [{start}, {end})", attempt)
 
     async def head(self, key: str) -> ObjectInfo | None:
         return await self._retry(f"HEAD {key}", lambda: self.inner.head(key))

@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import datetime
 import email.utils
+import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -35,9 +36,11 @@ from aiobotocore.session import get_session
 from ckptgw.drain.store import (
     CREDENTIAL_CODES,
     MAX_COPY,
+    PIECE,
     Listing,
     NotFound,
     ObjectInfo,
+    Progress,
     Stale,
     Store,
     StoreError,
@@ -45,6 +48,7 @@ from ckptgw.drain.store import (
     check_copy,
     is_marker,
     marker_error,
+    short_read,
 )
 from ckptgw.drain.storeurl import StoreURL
 
@@ -148,6 +152,20 @@ def _is_transport_error(e: BaseException) -> bool:
     except ImportError:  # pragma: no cover - the dependency is declared
         return False
     return isinstance(e, httpx2.TransportError)
+
+
+def _pwritev_all(fd: int, buffers: list[bytes], offset: int) -> int:
+    """Write every buffer at ``offset`` on; returns the bytes written."""
+    total = sum(len(b) for b in buffers)
+    done = 0
+    while done < total:
+        n = os.pwritev(fd, buffers, offset + done)
+        done += n
+        if done < total:  # a short write: drop what went out and write the rest
+            while n >= len(buffers[0]):
+                n -= len(buffers.pop(0))
+            buffers[0] = buffers[0][n:]
+    return total
 
 
 def _listed(o: dict[str, Any]) -> ObjectInfo:
@@ -336,6 +354,55 @@ class S3Store(Store):
                 return bytes(await body.read())
 
         return await self._run(f"GET {key}", fetch)
+
+    async def get_into(
+        self,
+        key: str,
+        start: int,
+        end: int,
+        fd: int,
+        *,
+        etag: str | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        """The body is written as it arrives, on the client's thread: httpx's chunks are
+        gathered into pieces of :data:`PIECE` bytes and each piece is one ``pwritev`` (no
+        joined copy); ``progress`` is handed to trio after each. At most one piece per GET is
+        in memory, whatever the range's size."""
+        if end <= start:
+            return
+        kwargs: dict[str, Any] = {"Key": key, "Range": f"bytes={start}-{end - 1}"}
+        if etag is not None:
+            kwargs["IfMatch"] = etag
+        token = trio.lowlevel.current_trio_token()
+
+        def report(n: int) -> None:
+            if progress is not None:
+                with contextlib.suppress(trio.RunFinishedError):
+                    token.run_sync_soon(progress, n)
+
+        async def fetch() -> None:
+            r = await self._client.get_object(Bucket=self.bucket, **kwargs)
+            written = 0
+            pending: list[bytes] = []
+            held = 0
+            async with r["Body"] as body:
+                async for chunk in body.raw_stream.aiter_raw():
+                    if written + held + len(chunk) > end - start:
+                        raise short_read(key, start, end, written + held + len(chunk))
+                    pending.append(chunk)
+                    held += len(chunk)
+                    if held >= PIECE or len(pending) >= 512:  # IOV_MAX is 1024
+                        written += _pwritev_all(fd, pending, start + written)
+                        pending, held = [], 0
+                        report(written)
+            if pending:
+                written += _pwritev_all(fd, pending, start + written)
+                report(written)
+            if written != end - start:
+                raise short_read(key, start, end, written)
+
+        await self._run(f"GET {key} [{start}, {end})", fetch)
 
     async def head(self, key: str) -> ObjectInfo | None:
         try:

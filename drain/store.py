@@ -14,15 +14,22 @@ job: :class:`drain.retry.RetryingStore` wraps a store and does both (a copy abov
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import trio
 
 MIN_PART = 5 << 20  # S3: every part but the last
 MAX_PART = 5 << 30
 MAX_PARTS = 10_000
 MAX_OBJECT = 5 << 40
 MAX_COPY = 5 << 30  # S3: the largest CopyObject, and the largest UploadPartCopy
+PIECE = 4 << 20  # get_into writes (and reports) a range in pieces of about this size
+
+#: ``get_into``'s report: the bytes from the range's start that are in the file now.
+Progress = Callable[[int], None]
 
 # Error codes (StoreError.code) that say the store refused who we are: S3's, and our own for a
 # client that found no credentials at all.
@@ -160,6 +167,28 @@ class Store(abc.ABC):
         """Bytes [start, end) of an object; NotFound if there is none; Stale if ``etag`` is
         given and the object no longer has it."""
 
+    async def get_into(
+        self,
+        key: str,
+        start: int,
+        end: int,
+        fd: int,
+        *,
+        etag: str | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        """Write bytes [start, end) of an object into the file ``fd`` at the same offsets, as
+        they arrive (a store that streams: in pieces of about :data:`PIECE`), calling
+        ``progress(n)`` on the caller's thread whenever the first ``n`` bytes of the range
+        are in the file. Errors as :meth:`get`; an object that ends before ``end`` is a
+        permanent StoreError (code "ShortRead"). This default reads the range whole."""
+        data = await self.get(key, start, end, etag=etag)
+        if len(data) != end - start:
+            raise short_read(key, start, end, len(data))
+        await trio.to_thread.run_sync(os.pwrite, fd, data, start)
+        if progress is not None:
+            progress(len(data))
+
     @abc.abstractmethod
     async def head(self, key: str) -> ObjectInfo | None: ...
 
@@ -244,6 +273,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def iter_uploads(self, prefix: str) -> AsyncIterator[Upload]:
         """Uploads in progress under ``prefix`` (to find orphans)."""
+
+
+def short_read(key: str, start: int, end: int, got: int) -> StoreError:
+    return StoreError(
+        f"GET {key}: got {got} bytes for [{start}, {end}): the object is shorter than listed",
+        temporary=False,
+        code="ShortRead",
+    )
 
 
 def part_size_for(size: int, preferred: int) -> int:

@@ -32,11 +32,20 @@ from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import FSTYPE, mounted_fstype, unmount
 from ckptgw.gateway.progressbar import ProgressBar
 from ckptgw.gateway.protocol import READY_FD_ENV
-from ckptgw.gateway.render import plan_text, size, status_text, use_colour
+from ckptgw.gateway.render import (
+    Painter,
+    files,
+    plan_text,
+    size,
+    status_text,
+    use_colour,
+    warmup_line,
+)
 
 MOUNT_TIMEOUT = 120.0
 EXIT_WAIT = 60.0  # after the unmount, how long the daemon may take to finish
 NOT_DURABLE_EXIT = 3  # flush --wait / wait timed out with data not in the store
+NOT_WARM_EXIT = 4  # warmup --wait ended with files not in the cache
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,6 +116,16 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("wait", help="block until a file or directory is durable")
     w.add_argument("path", metavar="PATH")
     w.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
+
+    wu = sub.add_parser(
+        "warmup",
+        help="fetch a checkpoint (a file or a directory) into this node's cache before it is "
+        "read, largest files first, as far as the cache has room",
+    )
+    wu.add_argument("path", metavar="PATH")
+    wu.add_argument("--wait", action="store_true", help="block until it is done")
+    wu.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S s")
+    wu.add_argument("--json", action="store_true", help="print the outcome as JSON")
 
     for name, what in (
         ("pin", "keep a checkpoint whatever retention says (it must exist)"),
@@ -222,6 +241,8 @@ EXIT_CODES = f"""exit codes:
   1    an error (one line on stderr says what to fix), or a failed check (doctor)
   2    a command line that does not parse
   {NOT_DURABLE_EXIT}    not durable in time (flush --wait, wait): what is not is listed
+  {NOT_WARM_EXIT}    warmup --wait: not all of it is in the cache (did not fit, could not be
+       read, or the timeout passed): what is not is listed
   130  interrupted"""
 
 EXAMPLES = {
@@ -230,6 +251,7 @@ EXAMPLES = {
     "status": "ckptgw status /mnt/ckpt --watch 2",
     "flush": "ckptgw flush /mnt/ckpt/run1/step_1000 --wait --timeout 600",
     "wait": "ckptgw wait /mnt/ckpt/run1/step_1000 --timeout 600 && rm -r /mnt/ckpt/run1/step_900",
+    "warmup": "ckptgw warmup /mnt/ckpt/run1/step_5000 --wait --timeout 1800",
     "pin": "ckptgw pin /mnt/ckpt/run1/step_5000",
     "unpin": "ckptgw unpin /mnt/ckpt/run1/step_5000",
     "pins": "ckptgw pins /mnt/ckpt",
@@ -254,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_flush(args)
         if args.command == "wait":
             return cmd_wait(args)
+        if args.command == "warmup":
+            return cmd_warmup(args)
         if args.command in ("pin", "unpin"):
             return cmd_pin(args)
         if args.command == "pins":
@@ -484,6 +508,52 @@ def cmd_flush(args: argparse.Namespace) -> int:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     return _wait_all(list(_by_mount([args.path]).values()), args.timeout, True)
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    if args.timeout is not None and not args.wait:
+        raise UserError("--timeout needs --wait")
+    mount, p = mount_of(args.path)
+    job = mount.request("warmup", path=mount.relative(p))
+    if not args.wait:
+        print(f"warming up {p} (warm-up {job['id']}): see ckptgw status {mount.mountpoint}")
+        return 0
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    tty = sys.stderr.isatty()
+    while job["phase"] != "done":
+        if tty:
+            print("\r" + warmup_line(job, Painter(False)).strip()[:150], end="", file=sys.stderr)
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+        job = mount.request("warmup_status", id=job["id"])
+    if tty:
+        print("\r\033[K", end="", file=sys.stderr)
+    if args.json:
+        print(json.dumps(job, indent=2))
+    else:
+        print(warmup_line(job, Painter(False)).strip())
+        for f in job["skipped"]:
+            print(f"did not fit  {size(f['size']):>10}  {mount.mountpoint / f['path']}")
+        for f in job["failed"]:
+            print(f"not read     {f['error']}  {mount.mountpoint / f['path']}")
+    if job["error"]:
+        raise UserError(f"warm-up of {p} failed: {job['error']}")
+    timed_out = job["phase"] != "done"
+    if timed_out or job["skipped_files"] or job["failed_files"]:
+        why = [
+            f"not done after {args.timeout:g} s" if timed_out else "",
+            f"{files(job['skipped_files'])} did not fit in the cache"
+            if job["skipped_files"]
+            else "",
+            f"{files(job['failed_files'])} could not be read" if job["failed_files"] else "",
+        ]
+        print(
+            f"ckptgw: {p} is not all in the cache: {'; '.join(w for w in why if w)}",
+            file=sys.stderr,
+        )
+        return NOT_WARM_EXIT
+    return 0
 
 
 def cmd_pin(args: argparse.Namespace) -> int:

@@ -91,7 +91,9 @@ class Config:
     listing_ttl: float = default("store.listing_ttl")
     cache_size: int | None = None  # None: the cache disk's room
     write_wait: float = default("cache.write_wait")
-    fetch_chunk: int = default("cache.fetch_chunk")
+    fetch_chunk: int | None = None  # None: adapts to each object
+    fetch_chunk_max: int = default("cache.fetch_chunk_max")
+    prefetch: bool = default("cache.prefetch")
     fetch_parallel: int = default("cache.fetch_parallel")
     shutdown_deadline: float = default("shutdown.deadline")
     preemption_provider: str = default("preemption.provider")
@@ -222,6 +224,8 @@ def load_config(
         cache_size=get("cache.size"),
         write_wait=get("cache.write_wait"),
         fetch_chunk=get("cache.fetch_chunk"),
+        fetch_chunk_max=get("cache.fetch_chunk_max"),
+        prefetch=get("cache.prefetch"),
         fetch_parallel=get("cache.fetch_parallel"),
         shutdown_deadline=get("shutdown.deadline"),
         preemption_provider=get("preemption.provider"),

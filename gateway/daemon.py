@@ -34,6 +34,7 @@ from ckptgw.drain.entries import Entries
 from ckptgw.drain.fetch import FetchConfig, Fetcher
 from ckptgw.drain.lifecycle import Lifecycle
 from ckptgw.drain.listing import ListingConfig, Listings
+from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.drain.readthrough import ReadThrough
 from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
 from ckptgw.drain.scheduler import Scheduler
@@ -288,7 +289,9 @@ async def _read_through(
     store: RetryingStore,
     cfg: Config,
     *,
-    task_status: trio.TaskStatus[tuple[Fetcher, ReadThrough]] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[
+        tuple[Fetcher, Prefetcher, ReadThrough]
+    ] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve files that are only in the store: listings merged into the namespace, fetches."""
     listing_store = store.with_policy(LISTING)  # on the path of a lookup: few attempts
@@ -309,11 +312,25 @@ async def _read_through(
         fs.space,
         entries,
         store,
-        FetchConfig(chunk=cfg.fetch_chunk, parallel=cfg.fetch_parallel),
+        FetchConfig(
+            chunk=cfg.fetch_chunk, chunk_max=cfg.fetch_chunk_max, parallel=cfg.fetch_parallel
+        ),
+    )
+    prefetcher = Prefetcher(
+        fs.table,
+        fs.keys,
+        listings,
+        entries,
+        fetcher,
+        fs.space,
+        Recognizer(cfg.checkpoint_patterns),
+        auto=cfg.prefetch,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(fetcher.run)
-        task_status.started((fetcher, ReadThrough(listings, entries, fetcher)))
+        await nursery.start(prefetcher.run)
+        remote = ReadThrough(listings, entries, fetcher, prefetcher)
+        task_status.started((fetcher, prefetcher, remote))
 
 
 def _paths(request: dict[str, Any]) -> list[str]:
@@ -377,6 +394,20 @@ def control_handlers(reporter: Reporter, lifecycle: Lifecycle) -> dict[str, Any]
     async def apply(r: dict[str, Any]) -> dict[str, Any]:
         return {**await lifecycle.apply(_run(r)), "store_local": reporter.store_local}
 
+    async def warmup(r: dict[str, Any]) -> dict[str, Any]:
+        if reporter.prefetcher is None:
+            raise RequestError("this gateway has no store to warm up from")
+        try:
+            return (await reporter.prefetcher.warmup(str(r.get("path", "")))).view()
+        except LookupError as e:  # its message starts with the path, relative to the root
+            raise RequestError(f"{reporter.mountpoint}/{e}") from None
+
+    async def warmup_status(r: dict[str, Any]) -> dict[str, Any]:
+        if reporter.prefetcher is None:
+            raise RequestError("this gateway has no store to warm up from")
+        job = reporter.prefetcher.job(int(r.get("id", 0)))
+        return job.view()
+
     return {
         "status": guarded(lambda r: reporter.status()),
         "pending": guarded(lambda r: reporter.pending(_paths(r))),
@@ -386,6 +417,8 @@ def control_handlers(reporter: Reporter, lifecycle: Lifecycle) -> dict[str, Any]
         "lifecycle_rules": guarded(rules),
         "pin": guarded(pin),
         "pins": guarded(pins),
+        "warmup": guarded(warmup),
+        "warmup_status": guarded(warmup_status),
     }
 
 
@@ -475,7 +508,7 @@ async def _serve(
         warning = await check_store(store, cfg)
         engine = DrainEngine(fs, store, drain_config(cfg), scheduler, stats)
         await nursery.start(engine.run)
-        fetcher, remote = await nursery.start(_read_through, fs, store, cfg)
+        fetcher, prefetcher, remote = await nursery.start(_read_through, fs, store, cfg)
         mount.open(fs.operations(remote))
         nursery.start_soon(fs.files.watch)
         reporter = Reporter(
@@ -500,6 +533,7 @@ async def _serve(
             listing_ttl=max(cfg.listing_ttl, STORE_CHECKPOINTS_TTL),
         )
         reporter.retention = lifecycle  # status shows its pins and the store's checkpoints
+        reporter.prefetcher = prefetcher
         await nursery.start(lifecycle.run)
         await nursery.start(ControlServer(mount.control, control_handlers(reporter, lifecycle)).run)
         if cfg.lifecycle_interval > 0 and cfg.retention:

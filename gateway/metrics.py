@@ -119,6 +119,22 @@ class GatewayCollector(Collector):
         yield counter("write_waits", "Writes that waited for the drain", cache["write_waits"])
         yield counter("enospc", "Writes refused for lack of room", cache["enospc"])
         yield counter("fetched_bytes", "Bytes read through from the store", st["fetched"]["bytes"])
+        yield counter(
+            "fetch_requests", "Ranged GETs that read files through", st["fetched"]["requests"]
+        )
+        pf = r.prefetcher.stats if r.prefetcher is not None else None
+        yield counter("prefetched_files", "Files fetched by warm-ups", pf.files if pf else 0)
+        yield counter("prefetched_bytes", "Bytes fetched by warm-ups", pf.bytes if pf else 0)
+        yield counter(
+            "prefetch_skipped_files",
+            "Files a warm-up left out: they did not fit in the cache",
+            pf.skipped_files if pf else 0,
+        )
+        yield gauge(
+            "warmups_running",
+            "Warm-ups listing or fetching now",
+            sum(w["phase"] != "done" for w in st["warmups"]),
+        )
         yield gauge(
             "emergency_drain",
             "1 while draining for shutdown or preemption",

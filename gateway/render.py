@@ -151,6 +151,7 @@ def status_text(st: dict[str, Any], colour: bool = False) -> str:
     )
     if st["last_error"]:
         lines.append(f"  last error: {st['last_error']}")
+    lines += [warmup_line(w, paint) for w in st.get("warmups", []) if w["phase"] != "done"]
     if st.get("nfs"):
         lines.append(nfs_line(st["nfs"], paint))
     notice = st.get("preemption", {}).get("notice")
@@ -158,6 +159,26 @@ def status_text(st: dict[str, Any], colour: bool = False) -> str:
         lines.append(paint(f"  preemption notice: {notice}", "local"))
     lines += checkpoint_lines(st, paint, now)
     return "\n".join(lines)
+
+
+def warmup_line(w: dict[str, Any], paint: Painter) -> str:
+    """A warm-up in progress (or its outcome, for ``ckptgw warmup --wait``)."""
+    what = "prefetch" if w["origin"] == "open" else "warmup"
+    line = (
+        f"  {what:9} /{w['path']}: {w['phase']}, {w['fetched_files']}/{w['files']} files, "
+        f"{size(w['fetched_bytes'])} of {size(w['bytes'])}"
+    )
+    if w["cached_files"]:
+        line += f"; {files(w['cached_files'])} cached already"
+    if w["skipped_files"]:
+        line += paint(
+            f"; {files(w['skipped_files'])} ({size(w['skipped_bytes'])}) did not fit", "draining"
+        )
+    if w["failed_files"]:
+        line += paint(f"; {files(w['failed_files'])} could not be read", "local")
+    if w["error"]:
+        line += paint(f"; failed: {w['error']}", "local")
+    return line
 
 
 def nfs_line(nfs: dict[str, Any], paint: Painter) -> str:

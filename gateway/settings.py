@@ -301,10 +301,18 @@ SETTINGS = (
             example="200GiB", field="cache_size"),
     Setting("cache", "write_wait", SECONDS, 60.0,
             "seconds a write waits for the drain to free room, then ENOSPC", field="write_wait"),
-    Setting("cache", "fetch_chunk", Size(64 << 10, 1 << 30), "8MiB",
-            "size of the ranged GETs that read files from the store", field="fetch_chunk"),
+    Setting("cache", "fetch_chunk", Size(64 << 10, 1 << 30), None,
+            "a fixed size for the ranged GETs that read files from the store",
+            "unset: adapts to each object (about its size / `fetch_parallel`, from 8MiB to "
+            "`fetch_chunk_max`)", example="64MiB", field="fetch_chunk"),
+    Setting("cache", "fetch_chunk_max", Size(8 << 20, 5 << 30), "256MiB",
+            "the largest ranged GET when the size adapts", field="fetch_chunk_max"),
     Setting("cache", "fetch_parallel", Number(1, whole=True), 8,
-            "ranged GETs in flight", field="fetch_parallel"),
+            "ranged GETs in flight, over all files", field="fetch_parallel"),
+    Setting("cache", "prefetch", Bool(), True,
+            "opening a file of a checkpoint fetches all of that checkpoint's files (largest "
+            "first, within the cache's room); `ckptgw warmup` does it on demand",
+            field="prefetch"),
     Setting("mount", "allow_other", Bool(), False,
             "let other users than the gateway's use the mount (`default_permissions` is always "
             "on)", flag="--allow-other", field="allow_other"),

@@ -19,6 +19,7 @@ from ckptgw.drain.checkpoints import DRAINING, DURABLE, FileView, Recognizer
 from ckptgw.drain.engine import DrainEngine
 from ckptgw.drain.fetch import FetchStats
 from ckptgw.drain.lifecycle import Lifecycle as Retention
+from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.drain.progress import UploadProgress
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import InodeRow, State
@@ -68,6 +69,7 @@ class Reporter:
         self.recognizer = recognizer or Recognizer()
         # Pins and the store's checkpoints, as last listed (set by the daemon): status rows.
         self.retention: Retention | None = None
+        self.prefetcher: Prefetcher | None = None  # set by the daemon: warm-ups in status
         self.started = time.time()
 
     # -- files -----------------------------------------------------------------------------------
@@ -240,7 +242,12 @@ class Reporter:
                 "daemon_opens": self.fs.path.stats.daemon_opens,
                 "daemon_bytes": self.fs.files.daemon_bytes,
             },
-            "fetched": {"bytes": self.fetch_stats.bytes, "files": self.fetch_stats.files},
+            "fetched": {
+                "bytes": self.fetch_stats.bytes,
+                "files": self.fetch_stats.files,
+                "requests": self.fetch_stats.requests,
+            },
+            "warmups": [] if self.prefetcher is None else self.prefetcher.views(),
             "retries": retry.retries,
             "errors": dict(retry.errors),
             "last_error": retry.last_error or None,

@@ -129,6 +129,7 @@ def test_an_empty_config_file_gives_every_default_of_the_table(
         "store.endpoint_url": None,  # AWS's own endpoint
         "cache.dir": Path("/var/cache/ckptgw" if root else f"{tmp_path}/cache/ckptgw") / escaped,
         "cache.size": None,  # the cache disk's room
+        "cache.fetch_chunk": None,  # adapts to each object
         "log.file": None,  # <cache dir>/ckptgw.log
         "retention.run": "a",  # required: the test's own
     }

@@ -5,9 +5,11 @@ Two gateways with separate cache dirs on one store stand in for two nodes."""
 
 from __future__ import annotations
 
+import collections
 import errno
 import json
 import os
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import boto3
 import pytest
 
 from tests.conftest import CheckedGateway, GatewayFactory, any_data_path, errno_of, needs_fuse
-from tests.faultproxy import FaultProxy
+from tests.faultproxy import Fault, FaultProxy
 from tests.test_drain import file_store_objects, wait_for
 
 pytestmark = [pytest.mark.mount, needs_fuse]
@@ -26,7 +28,7 @@ def write_toml(path: Path, sections: dict[str, dict[str, object]]) -> Path:
     for section, body in sections.items():
         lines.append(f"[{section}]")
         for k, v in body.items():
-            lines.append(f"{k} = {json.dumps(v)}" if isinstance(v, str) else f"{k} = {v!r}")
+            lines.append(f"{k} = {json.dumps(v) if isinstance(v, str | bool) else repr(v)}")
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -58,13 +60,16 @@ class Nodes:
         self.endpoint = self.proxy.url
         return self.proxy
 
-    def node(self, name: str, **cache: object) -> CheckedGateway:
+    def node(self, name: str, *, listing_ttl: float = 0.2, **cache: object) -> CheckedGateway:
+        """``cache`` settings override the test's (``fetch_chunk=None``: the default, ranges
+        that adapt to each object)."""
+        settings = {k: v for k, v in {"fetch_chunk": "1MiB", **cache}.items() if v is not None}
         cfg = write_toml(
             self.tmp_path / f"{name}.toml",
             {
-                "store": {"listing_ttl": 0.2},
+                "store": {"listing_ttl": listing_ttl},
                 "drain": {"settle": 0.1, "part_size": "5MiB", "multipart_threshold": "5MiB"},
-                "cache": {"fetch_chunk": "1MiB", **cache},
+                "cache": settings,
             },
         )
         extra = ["--config", str(cfg)]
@@ -294,3 +299,127 @@ def test_a_file_larger_than_the_cache_gets_enospc_after_the_wait(nodes: Nodes) -
     assert "writes wait for the drain" in log and "ENOSPC after waiting" in log
     assert (a.mountpoint / "kept.bin").read_bytes() == kept
     nodes.drained({"kept.bin": kept})
+
+
+# -- prefetch and warm-up -------------------------------------------------------------------------
+
+
+def _by_key(log: list[tuple[str, str, str]], method: str, prefix: str) -> collections.Counter[str]:
+    """Requests of ``method`` per object key under ``prefix`` (listings left out)."""
+    out: collections.Counter[str] = collections.Counter()
+    for m, path, _ in log:
+        target = urllib.parse.urlsplit(path).path  # the absolute form too
+        key = urllib.parse.unquote(target).split("/", 2)[-1]  # /bucket/key
+        if m == method and "list-type=" not in path and key.startswith(prefix):
+            out[key.removeprefix("ckpt/")] += 1
+    return out
+
+
+@any_data_path  # reads of remote files go through the daemon on either path
+@pytest.mark.parametrize("nodes", ["s3"], indirect=True)
+def test_a_fresh_node_prefetches_a_dcp_checkpoint_and_warmup_leaves_nothing_to_request(
+    nodes: Nodes,
+) -> None:
+    import torch.multiprocessing as mp
+
+    from tests.test_torch import _dcp_rank, _free_port
+
+    a = nodes.node("a")
+    ckpt = "run/step_9"
+    mp.spawn(_dcp_rank, args=(2, _free_port(), str(a.mountpoint / ckpt), "save"), nprocs=2)
+    extra = os.urandom(20 << 20)  # not read by the loader: only a prefetch fetches it
+    (a.mountpoint / ckpt / "extra.bin").write_bytes(extra)
+    nodes.drained({f"{ckpt}/extra.bin": extra})
+
+    def shards() -> dict[str, int]:
+        return {
+            k: len(v)
+            for k, v in nodes.objects().items()
+            if k.startswith(f"{ckpt}/") and not k.endswith("/")
+        }
+
+    wait_for("the DCP files in the store", lambda: len(shards()) == 4)
+    stored = shards()
+    assert len(stored) == 4 and stored[f"{ckpt}/extra.bin"] == len(extra), stored
+    a.stop()
+    proxy = nodes.count_requests()
+
+    # Node B: the loader opens the checkpoint's files; the first open prefetches all of them.
+    # A listing is reused for 5 s (the default): one HEAD per file, made by the listing in
+    # parallel, and one GET per range (8 MiB ranges up to 8 in flight: adapted to the size).
+    b = nodes.node("b", fetch_chunk=None, listing_ttl=5.0)
+    mp.spawn(_dcp_rank, args=(2, _free_port(), str(b.mountpoint / ckpt), "load"), nprocs=2)
+    wait_for("the prefetch to end", lambda: b.status()["warmups"][0]["phase"] == "done")
+    job = b.status()["warmups"][0]
+    assert (job["origin"], job["path"], job["error"]) == ("open", ckpt, ""), job
+    assert job["fetched_files"] + job["cached_files"] == 4 and job["fetched_files"] >= 1, job
+    assert job["skipped_files"] == job["failed_files"] == 0, job
+    gets, heads = _by_key(proxy.log, "GET", "ckpt/"), _by_key(proxy.log, "HEAD", "ckpt/")
+    assert gets == {k: max(1, -(-n // (8 << 20))) for k, n in stored.items()}, gets
+    assert gets[f"{ckpt}/extra.bin"] == 3
+    files_heads = {k: n for k, n in heads.items() if not k.endswith("/")}  # not dirs' markers
+    assert files_heads == dict.fromkeys(stored, 1), heads
+    assert (b.mountpoint / ckpt / "extra.bin").read_bytes() == extra
+    assert _by_key(proxy.log, "GET", "ckpt/") == gets  # read from the cache
+    b.stop()
+
+    # Node C: ckptgw warmup --wait, then the load and every read make no request at all.
+    c = nodes.node("c", fetch_chunk=None, listing_ttl=120.0)
+    r = c.cli("warmup", str(c.mountpoint / ckpt), "--wait", "--json", check=False)
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)
+    assert (job["phase"], job["origin"], job["files"], job["fetched_files"]) == (
+        "done",
+        "warmup",
+        4,
+        4,
+    ), job
+    assert job["fetched_bytes"] == sum(stored.values())
+    before = len(proxy.log)
+    mp.spawn(_dcp_rank, args=(2, _free_port(), str(c.mountpoint / ckpt), "load"), nprocs=2)
+    assert (c.mountpoint / ckpt / "extra.bin").read_bytes() == extra
+    assert proxy.log[before:] == []
+    r = c.cli("warmup", str(c.mountpoint / "run/step_404"), "--wait", check=False)
+    assert r.returncode == 1, r.stderr
+    assert f"{c.mountpoint}/run/step_404: no such file or directory" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@any_data_path
+@pytest.mark.parametrize("nodes", ["s3"], indirect=True)
+def test_a_warmup_larger_than_the_cache_evicts_nothing_dirty_and_says_what_did_not_fit(
+    nodes: Nodes,
+) -> None:
+    a = nodes.node("a")
+    shards = {f"run/step_3/shard{i}.bin": os.urandom((i + 3) << 20) for i in range(4)}
+    (a.mountpoint / "run/step_3").mkdir(parents=True)
+    for rel, data in shards.items():
+        (a.mountpoint / rel).write_bytes(data)
+    nodes.drained(shards)
+    a.stop()
+    proxy = nodes.count_requests()
+    hold = proxy.add(Fault("hold", "PUT", r"dirty\.bin"))
+
+    # Node B: 16 MiB of cache, 6 MiB of it dirty (its upload held): 10 MiB of room for 3+4+5+6.
+    b = nodes.node("b", fetch_chunk=None, size="16MiB", prefetch=False)
+    dirty = os.urandom(6 << 20)
+    (b.mountpoint / "scratch").mkdir()
+    (b.mountpoint / "scratch/dirty.bin").write_bytes(dirty)
+    wait_for("the dirty file's upload to start", lambda: hold.hits == 1)
+    r = b.cli("warmup", str(b.mountpoint / "run/step_3"), "--wait", check=False)
+    assert r.returncode == 4, (r.stdout, r.stderr)  # not all of it is in the cache
+    # Largest first, as long as it fits: 6 MiB, then 4 MiB; 5 and 3 MiB did not fit.
+    assert "2 files (8.0 MiB) did not fit" in r.stdout, r.stdout
+    did_not_fit = sorted(
+        line.split()[-1] for line in r.stdout.splitlines() if "did not fit " in line
+    )
+    assert did_not_fit == [str(b.mountpoint / f"run/step_3/shard{i}.bin") for i in (0, 2)]
+    assert "2 files did not fit in the cache" in r.stderr
+    st = b.status()
+    assert st["dirty_bytes"] == len(dirty) and st["cache"]["used"] <= 16 << 20
+    assert st["warmups"][0]["skipped_files"] == 2 and st["warmups"][0]["fetched_files"] == 2
+    hold.release()
+    assert (b.mountpoint / "scratch/dirty.bin").read_bytes() == dirty
+    for rel, data in shards.items():  # what did not fit is read through
+        assert (b.mountpoint / rel).read_bytes() == data, rel
+    nodes.drained({"scratch/dirty.bin": dirty})

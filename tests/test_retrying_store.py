@@ -309,6 +309,58 @@ def test_not_found_and_stale_are_not_retried() -> None:
     run(go)
 
 
+class CutStreams(MemoryStore):
+    """``get_into`` that delivers the first ``cut`` bytes of a range, then fails (once per
+    queued cut), as a connection reset mid-body does; the ranges asked for are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cuts_left: list[int] = []
+        self.asked: list[tuple[int, int]] = []
+
+    async def get_into(
+        self,
+        key: str,
+        start: int,
+        end: int,
+        fd: int,
+        *,
+        etag: str | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.asked.append((start, end))
+        data = await self.get(key, start, end, etag=etag)
+        cut = self.cuts_left.pop(0) if self.cuts_left else len(data)
+        os.pwrite(fd, data[:cut], start)
+        if progress is not None and cut:
+            progress(cut)
+        if cut < len(data):
+            raise temporary("Transport: connection reset")
+
+
+def test_get_into_resumes_where_the_bytes_end(tmp_path: Path) -> None:
+    data = os.urandom(1000)
+    reports: list[int] = []
+
+    async def go() -> None:
+        s = CutStreams()
+        etag = await s.put("k", data, {})
+        s.cuts_left = [300, 0, 200]  # reset after 300 bytes, at once, after 200 more
+        rs = wrapped(s)
+        fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            await rs.get_into("k", 100, 900, fd, etag=etag, progress=reports.append)
+            assert os.pread(fd, 1000, 0)[100:900] == data[100:900]
+        finally:
+            os.close(fd)
+        # Each retry asks only for what is missing; progress is over the whole range.
+        assert s.asked == [(100, 900), (400, 900), (400, 900), (600, 900)]
+        assert reports == [300, 500, 800]
+        assert rs.stats.retries == 3
+
+    run(go)
+
+
 def test_attempts_are_bounded_and_the_last_error_is_raised() -> None:
     async def go() -> None:
         s, _, _ = await seeded()

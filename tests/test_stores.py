@@ -282,6 +282,43 @@ def test_file_store_markers_and_reserved_names(tmp_path: Path) -> None:
     trio.run(go)
 
 
+def test_get_into_writes_a_range_in_place_as_it_arrives(
+    store_cm: StoreFactory, tmp_path: Path
+) -> None:
+    data = os.urandom(11 << 20)
+    target = tmp_path / "cache-file"
+
+    async def body(s: Store) -> None:
+        await s.put("big.bin", data, {})
+        info = await s.head("big.bin")
+        assert info is not None
+        reports: list[int] = []
+        fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, len(data))
+            await s.get_into(
+                "big.bin", 1 << 20, 10 << 20, fd, etag=info.etag, progress=reports.append
+            )
+            await trio.sleep(0.1)  # reports from the client's thread arrive through trio
+            # Pieces of about 4 MiB, reported in order, the last one the whole range.
+            assert len(reports) >= 2 and reports == sorted(reports), reports
+            assert reports[-1] == 9 << 20
+            got = os.pread(fd, len(data), 0)
+            assert got[1 << 20 : 10 << 20] == data[1 << 20 : 10 << 20]
+            assert got[: 1 << 20] == bytes(1 << 20)  # nothing outside the range
+            with pytest.raises(Stale):
+                await s.get_into("big.bin", 0, 10, fd, etag='"not-its-etag"')
+            with pytest.raises(StoreError) as e:  # the object ends before the range does
+                await s.get_into("big.bin", len(data) - 10, len(data) + 10, fd)
+            assert e.value.code == "ShortRead" and not e.value.temporary
+            with pytest.raises(NotFound):
+                await s.get_into("missing.bin", 0, 10, fd)
+        finally:
+            os.close(fd)
+
+    run(store_cm, body)
+
+
 # -- faults ------------------------------------------------------------------------------------
 
 

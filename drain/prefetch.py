@@ -1,0 +1,347 @@
+"""Prefetch: a whole checkpoint fetched into the cache before its files are read.
+
+A warm-up (:meth:`Prefetcher.warmup`: ``ckptgw warmup PATH``, or the first open of a remote
+file of a checkpoint when ``cache.prefetch`` is on) resolves the path, lists every directory
+below it (:mod:`drain.listing`, which reads new entries' metadata in parallel), and plans:
+the remote files largest first, as long as they fit in the cache's room
+(:meth:`fsops.space.CacheSpace.free_bytes`, less what the checkpoint already has cached);
+the rest is reported as not fitting, never fetched at the cost of dirty data. Then two
+stages run at once: HEADs of the planned files that were not described within
+``fresh_for`` (16 in flight, :meth:`drain.entries.Entries.describe`), and fetches of those
+described (:meth:`drain.fetch.Fetcher.prefetch`), at the lowest priority of the GET slots: a
+reader's own ranges always go first. A prefetched file counts as used now (its ``atime``),
+so eviction takes older files before it.
+
+An automatic warm-up of a checkpoint is not repeated while one runs or for ``RECENT``
+seconds after one ended (one that did not fit would otherwise evict its own files again
+at every open). Jobs are kept for status (the last ``KEEP``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyfuse3
+import trio
+
+from ckptgw.drain.checkpoints import Recognizer
+from ckptgw.drain.entries import Entries
+from ckptgw.drain.fetch import Fetcher
+from ckptgw.drain.listing import Listings
+from ckptgw.fsops.inodes import Inode, InodeTable
+from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
+from ckptgw.fsops.space import CacheSpace
+from ckptgw.fsops.storekeys import StoreKeys
+
+log = logging.getLogger(__name__)
+
+HEADS = 16  # metadata reads in flight for one warm-up
+LISTINGS = 8  # directories listed at once
+RECENT = 300.0
+KEEP = 20
+ASKED, OPENED = "warmup", "open"
+
+
+@dataclass
+class Warmup:
+    """One warm-up: what it planned, fetched, found cached, could not fit or could not read."""
+
+    id: int
+    path: str  # relative to the mount's root
+    origin: str  # ASKED or OPENED
+    started: float = field(default_factory=time.time)
+    phase: str = "listing"  # listing, fetching, done
+    files: int = 0  # planned: remote files that fit
+    bytes: int = 0
+    fetched_files: int = 0
+    fetched_bytes: int = 0
+    cached_files: int = 0  # in the cache already when it began
+    cached_bytes: int = 0
+    skipped: list[tuple[str, int]] = field(default_factory=list)  # did not fit: path, size
+    failed: list[tuple[str, str]] = field(default_factory=list)  # path, why
+    error: str = ""  # the warm-up itself failed (e.g. the path vanished)
+    ended: float | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "path": self.path,
+            "origin": self.origin,
+            "phase": self.phase,
+            "files": self.files,
+            "bytes": self.bytes,
+            "fetched_files": self.fetched_files,
+            "fetched_bytes": self.fetched_bytes,
+            "cached_files": self.cached_files,
+            "cached_bytes": self.cached_bytes,
+            "skipped_files": len(self.skipped),
+            "skipped_bytes": sum(n for _, n in self.skipped),
+            "skipped": [{"path": p, "size": n} for p, n in self.skipped[:20]],
+            "failed": [{"path": p, "error": e} for p, e in self.failed[:20]],
+            "failed_files": len(self.failed),
+            "error": self.error,
+            "elapsed": round((self.ended or time.time()) - self.started, 3),
+        }
+
+
+@dataclass
+class PrefetchStats:
+    files: int = 0  # fetched by warm-ups
+    bytes: int = 0
+    skipped_files: int = 0  # planned out: did not fit
+
+
+class Prefetcher:
+    def __init__(
+        self,
+        table: InodeTable,
+        keys: StoreKeys,
+        listings: Listings,
+        entries: Entries,
+        fetcher: Fetcher,
+        space: CacheSpace,
+        recognizer: Recognizer,
+        *,
+        auto: bool,
+    ) -> None:
+        self.table = table
+        self.journal = table.journal
+        self.keys = keys
+        self.listings = listings
+        self.entries = entries
+        self.fetcher = fetcher
+        self.space = space
+        self.recognizer = recognizer
+        self.auto = auto
+        self.stats = PrefetchStats()
+        self.jobs: dict[int, Warmup] = {}
+        self._ids = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- starting one ----------------------------------------------------------------------------
+
+    def opened(self, ino: Inode) -> None:
+        """A remote file was opened for reading: warm up the checkpoint it belongs to."""
+        if not self.auto or ino.parent is None:
+            return
+        rel = self.keys.key_of(ino.id).removeprefix(self.keys.prefix)
+        path, step = self.recognizer.locate(rel)
+        if step is None or path == rel:
+            return  # not in a checkpoint directory; or a checkpoint of one file: being read
+        now = time.time()
+        for job in self.jobs.values():
+            if job.path == path and (job.ended is None or now - job.ended < RECENT):
+                return
+        self._start(path, OPENED)
+
+    async def warmup(self, path: str) -> Warmup:
+        """Start warming up ``path`` (relative to the root), or return the one running for
+        it. LookupError if there is no such entry (here or in the store)."""
+        path = "/".join(p for p in path.split("/") if p and p != ".")
+        for job in self.jobs.values():
+            if job.path == path and job.ended is None:
+                return job
+        await self._resolve(path)  # the error comes back to the caller, not into the job
+        return self._start(path, ASKED)
+
+    def job(self, job_id: int) -> Warmup:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise LookupError(f"no warm-up {job_id} (the gateway keeps the last {KEEP})")
+        return job
+
+    def views(self) -> list[dict[str, Any]]:
+        return [j.view() for j in sorted(self.jobs.values(), key=lambda j: -j.id)]
+
+    def _start(self, path: str, origin: str) -> Warmup:
+        job = Warmup(next(self._ids), path, origin)
+        self.jobs[job.id] = job
+        for old in sorted(self.jobs)[:-KEEP]:
+            if self.jobs[old].ended is not None:
+                del self.jobs[old]
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run, job)
+        return job
+
+    # -- one warm-up -----------------------------------------------------------------------------
+
+    async def _run(self, job: Warmup) -> None:
+        try:
+            top = await self._resolve(job.path)
+            files = await self._collect(top, job.path)
+            todo = self._plan(job, files)
+            job.phase = "fetching"
+            log.info(
+                "warm-up of %s: %d files (%d bytes) to fetch, %d cached, %d do not fit",
+                job.path or "/",
+                job.files,
+                job.bytes,
+                job.cached_files,
+                len(job.skipped),
+            )
+            await self._fetch_all(job, todo)
+        except (LookupError, pyfuse3.FUSEError) as e:
+            job.error = str(e) or type(e).__name__
+            log.warning("warm-up of %s failed: %s", job.path or "/", job.error)
+        except Exception as e:  # a warm-up is an optimisation: it never takes the mount down
+            job.error = f"internal error: {type(e).__name__}: {e}"
+            log.exception("warm-up of %s failed unexpectedly", job.path or "/")
+        finally:
+            job.phase = "done"
+            job.ended = time.time()
+            job.done.set()
+            if job.skipped or job.failed:
+                log.warning(
+                    "warm-up of %s: %d files did not fit in the cache, %d could not be read",
+                    job.path or "/",
+                    len(job.skipped),
+                    len(job.failed),
+                )
+
+    async def _resolve(self, path: str) -> InodeRow:
+        """The entry at ``path``, each directory on the way listed first."""
+        row: InodeRow = self.table.get(ROOT_INODE)
+        for name in [p for p in path.split("/") if p]:
+            if not row.is_dir:
+                raise LookupError(f"{path}: {self._rel(row)} is not a directory")
+            await self.listings.refresh(self.table.adopt(row))
+            found = self.journal.lookup(row.id, name.encode())
+            if found is None:
+                raise LookupError(f"{path}: no such file or directory (here or in the store)")
+            row = self.table.current(found)
+        return row
+
+    def _rel(self, row: InodeRow) -> str:
+        return self.keys.key_of(row.id).removeprefix(self.keys.prefix)
+
+    async def _collect(self, top: InodeRow, path: str) -> list[tuple[InodeRow, str]]:
+        """Every regular file at or below ``top``, each directory listed (in parallel)."""
+        if not top.is_dir:
+            return [(top, path)] if top.is_reg else []
+        out: list[tuple[InodeRow, str]] = []
+        level = [(top, path)]
+        limiter = trio.CapacityLimiter(LISTINGS)
+        while level:
+            below: list[tuple[InodeRow, str]] = []
+
+            async def one(d: InodeRow, rel: str, below: list[tuple[InodeRow, str]]) -> None:
+                async with limiter:
+                    await self.listings.refresh(self.table.adopt(d))
+                after = 0
+                while rows := self.table.children(d.id, after, 1000):
+                    after = rows[-1].id
+                    for r in rows:
+                        name = r.name.decode(errors="surrogateescape") if r.name else ""
+                        child = f"{rel}/{name}" if rel else name
+                        if r.is_dir:
+                            below.append((r, child))
+                        elif r.is_reg:
+                            out.append((r, child))
+
+            async with trio.open_nursery() as nursery:
+                for d, rel in level:
+                    nursery.start_soon(one, d, rel, below)
+            level = below
+        return out
+
+    def _plan(self, job: Warmup, files: list[tuple[InodeRow, str]]) -> list[tuple[Inode, str]]:
+        """The remote files to fetch, largest first, as far as the cache has room."""
+        remote: list[tuple[InodeRow, str]] = []
+        for row, rel in files:
+            row = self.table.current(row)
+            if row.state is State.REMOTE:
+                remote.append((row, rel))
+            else:
+                job.cached_files += 1
+                job.cached_bytes += row.size
+        # Clean files count as room (evictable), but not this checkpoint's own.
+        room = self.space.free_bytes() - sum(
+            self.table.current(r).size
+            for r, _ in files
+            if self.table.current(r).state is State.CLEAN
+        )
+        todo: list[tuple[Inode, str]] = []
+        for row, rel in sorted(remote, key=lambda x: -x[0].size):
+            if row.size <= room:
+                room -= row.size
+                todo.append((self.table.adopt(row), rel))
+                job.files += 1
+                job.bytes += row.size
+            else:
+                job.skipped.append((rel, row.size))
+        self.stats.skipped_files += len(job.skipped)
+        for ino, _ in todo:
+            ino.pins += 1  # in memory until fetched (released in _fetch_one)
+        return todo
+
+    async def _fetch_all(self, job: Warmup, todo: list[tuple[Inode, str]]) -> None:
+        """HEADs (where needed) and fetches at once: a file goes to the fetches once its
+        object is described."""
+        send, recv = trio.open_memory_channel[tuple[Inode, str]](math.inf)
+        heads = trio.CapacityLimiter(HEADS)
+        fetches = trio.CapacityLimiter(2 * self.fetcher.config.parallel)
+
+        async def describe(ino: Inode, rel: str) -> None:
+            async with heads:
+                try:
+                    await self.entries.describe(ino, strict=True)
+                except pyfuse3.FUSEError as e:
+                    self._failed(job, rel, e)
+                    self._unpin(ino)
+                    return
+            await send.send((ino, rel))
+
+        async def fetch(ino: Inode, rel: str, slot: object) -> None:
+            try:
+                if ino.state is State.REMOTE:
+                    ino.atime_ns = time.time_ns()  # prefetched: used now, for eviction
+                    ino.attrs_dirty = True
+                    await self.fetcher.prefetch(ino)
+                    job.fetched_files += 1
+                    job.fetched_bytes += ino.size
+                    self.stats.files += 1
+                    self.stats.bytes += ino.size
+                else:  # fetched by a reader meanwhile, or rewritten here
+                    job.cached_files += 1
+                    job.cached_bytes += ino.size
+            except pyfuse3.FUSEError as e:
+                self._failed(job, rel, e)
+            finally:
+                fetches.release_on_behalf_of(slot)
+                self._unpin(ino)
+
+        async with trio.open_nursery() as nursery:
+
+            async def head_all() -> None:
+                async with send, trio.open_nursery() as inner:
+                    for ino, rel in todo:
+                        inner.start_soon(describe, ino, rel)
+
+            nursery.start_soon(head_all)
+            async with recv:
+                async for ino, rel in recv:
+                    slot = object()
+                    await fetches.acquire_on_behalf_of(slot)
+                    nursery.start_soon(fetch, ino, rel, slot)
+
+    def _failed(self, job: Warmup, rel: str, e: pyfuse3.FUSEError) -> None:
+        why = os.strerror(e.errno)
+        job.failed.append((rel, why))
+        log.warning("warm-up of %s: cannot fetch %s: %s", job.path or "/", rel, why)
+
+    def _unpin(self, ino: Inode) -> None:
+        ino.pins -= 1
+        self.table.release_if_unused(ino)
