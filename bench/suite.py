@@ -13,18 +13,22 @@ For each checkpoint size (256 MiB to 4 GiB by default):
   boto3 uploading the same bytes (its transfer manager, same part size and parts in flight);
 - drain CPU seconds per GiB (the daemon's, during the drain) against boto3's, and the peak
   resident memory of each;
-- cold restore: ``torch.load`` through a fresh gateway with an empty cache, against boto3
-  downloading the object (same chunk size and requests in flight).
 Then a DCP save of many files (mount against disk, and until all are in the bucket against
 boto3 uploading them), 1 to 8 writer processes saving their shards at once, like the ranks
 of one node, and files written through the NFS gateway mode (bench.nfs: NFS-Ganesha on
 loopback against the FUSE mount and the disk; root, with Ganesha and libnfs installed).
 
+Cold restore (``--restore-sizes``, and the DCP checkpoint): ``torch.load`` (or a DCP load)
+through a fresh gateway with an empty cache and ckptgw's default fetch settings, against
+boto3 downloading the same objects, tuned (64 MiB parts, 8 threads; the DCP files: 8 MiB,
+8 threads, the gateway's GETs in flight) and with its own defaults (8 MiB, 10 threads); the
+sides go first in turn, run by run.
+
 The store is moto's S3 server on loopback; the disk is the one under ``--workdir``. Writes
 ``bench/results/suite.json``, ``suite_size.png`` and ``suite_writers.png`` and prints the table.
 
     python -m bench.suite [--sizes 256,1024,4096] [--writers 1,2,4,8] [--runs 3]
-                          [--restore-max-mib 1024] [--only save,restore,files,writers,nfs]
+                          [--restore-sizes 1024,4096] [--only save,restore,files,writers,nfs]
                           [--nfs-mib 1024] [--nfs-writers 1,8] [--paths passthrough,daemon]
 """
 
@@ -55,7 +59,7 @@ import xxhash
 from bench import baseline, nfs
 from bench.procs import cpu_seconds, peak_rss
 from bench.results import save
-from bench.workloads import dcp_save, save_atomic, state_dict
+from bench.workloads import dcp_load, dcp_save, save_atomic, state_dict
 from ckptgw.fsops import passthrough
 from ckptgw.fsops.passthrough import DAEMON, PASSTHROUGH
 from ckptgw.gateway.harness import Gateway, exit_on_sigterm
@@ -65,8 +69,11 @@ from tests.s3server import moto_server
 
 PART = 16 << 20  # upload part size and parts in flight, for the gateway and boto3 alike
 PARTS = 8
-CHUNK = 8 << 20  # ranged GET size and GETs in flight when reading
+# Reading: the gateway runs with its defaults (ranges sized to each object, 8 GETs in
+# flight); boto3 tuned as the issue's baseline, and with its own defaults.
 GETS = 8
+BOTO3_TUNED = (64 << 20, GETS)
+BOTO3_DEFAULTS = (8 << 20, 10)  # s3transfer's TransferConfig defaults
 BUCKET = "bench"
 CREDS = {
     "AWS_ACCESS_KEY_ID": "bench",
@@ -83,6 +90,7 @@ TARGETS = {
     "time to durable": 1.05,
     "drain CPU s/GiB": 1.00,
     "cold restore": 1.00,
+    "cold restore (DCP)": 1.20,
 }
 SAVE_CPU_LIMIT = 0.05  # daemon CPU seconds per GiB saved through the mount
 
@@ -156,7 +164,6 @@ class Bench:
         self.config.write_text(
             f'[drain]\npart_size = "{PART >> 20}MiB"\nmultipart_threshold = "{PART >> 20}MiB"\n'
             f"max_parts = {PARTS}\n"
-            f'[cache]\nfetch_chunk = "{CHUNK >> 20}MiB"\nfetch_parallel = {GETS}\n'
         )
         self._nodes = 0
 
@@ -214,8 +221,12 @@ class Bench:
                 Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]]}
             )
 
-    def boto3(self, op: str, pairs: dict[str, Path]) -> dict[str, Any]:
-        chunk, conc = (PART, PARTS) if op == "upload" else (CHUNK, GETS)
+    def boto3(
+        self, op: str, pairs: dict[str, Path], how: tuple[int, int] = BOTO3_TUNED
+    ) -> dict[str, Any]:
+        """boto3 moving ``pairs`` (key: file); uploads in the gateway's parts, downloads in
+        ``how`` (chunk size, threads)."""
+        chunk, conc = (PART, PARTS) if op == "upload" else how
         return baseline.run(
             op, self.endpoint, BUCKET, chunk, conc, {k: str(p) for k, p in pairs.items()}
         )
@@ -234,7 +245,7 @@ class Bench:
 
     # -- one checkpoint per size --------------------------------------------------------------
 
-    def sizes(self, size: int, restore: bool) -> None:
+    def sizes(self, size: int) -> None:
         label = mib(size)
         say(
             f"\n## {label} checkpoint [{self.path}]: save stall, save CPU, cold read, "
@@ -291,15 +302,8 @@ class Bench:
                     if reads:
                         s["read_disk"].append(reads[0])
                         s["read_mount"].append(reads[1])
-                if i < self.runs or not restore:
-                    m.unlink()
+                m.unlink()
                 self.delete("boto3/")
-            if restore:  # the last run's object stays for the restore; it must be the save
-                head = self.s3.head_object(Bucket=BUCKET, Key=f"gw/size/step_{self.runs}/ckpt.pt")
-                digest = xxhash.xxh3_128_hexdigest(
-                    (gw.mountpoint / "size" / f"step_{self.runs}" / "ckpt.pt").read_bytes()
-                )
-                assert head["Metadata"]["xxh3-128"] == digest, "the object is not what was saved"
             rss = peak_rss(gw.pid)
         del sd
         gib = nbytes / (1 << 30)
@@ -335,8 +339,6 @@ class Bench:
             self.add(
                 Row("cold read (cached)", label, "disk", med["read_disk"], med["read_mount"], "s")
             )
-        if restore:
-            self.restore(label, f"size/step_{self.runs}/ckpt.pt", nbytes)
         self.delete("gw/size/")
 
     def cold_reads(self, disk: Path, mount: Path) -> tuple[float, float] | None:
@@ -352,36 +354,120 @@ class Bench:
             del del_me
         return out[0], out[1]
 
-    def restore(self, label: str, key: str, nbytes: int) -> None:
-        say(f"## {label} checkpoint: cold restore on a fresh node")
+    # -- cold restore on a fresh node ---------------------------------------------------------
+
+    def saved_once(self, name: str, save: Callable[[Path], object]) -> dict[str, int]:
+        """Save a checkpoint through a node (``save`` into ``gw/restore/NAME``), wait until it
+        is in the bucket and check it is what was saved; its keys and sizes."""
+        with self.node() as gw:
+            target = gw.mountpoint / "restore" / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            save(target)
+            files = [target] if target.is_file() else sorted(p for p in target.iterdir())
+            want = {f"gw/{p.relative_to(gw.mountpoint)}": p.stat().st_size for p in files}
+            self.wait_in_bucket(want)
+            for p in files:
+                head = self.s3.head_object(Bucket=BUCKET, Key=f"gw/{p.relative_to(gw.mountpoint)}")
+                digest = xxhash.xxh3_128_hexdigest(p.read_bytes())
+                assert head["Metadata"]["xxh3-128"] == digest, f"{p} is not what was saved"
+        return want
+
+    def restore_rounds(
+        self,
+        what: str,
+        want: dict[str, int],
+        load: Callable[[Path], object],
+        how: tuple[int, int],
+        defaults: bool = True,
+    ) -> dict[str, list[float]]:
+        """Runs of: ``load`` of the saved checkpoint through a fresh node (empty cache), boto3
+        downloading the same objects tuned (``how``) and (``defaults``) with its defaults,
+        each side first in turn."""
         s: dict[str, list[float]] = {"cold": [], "boto3": []}
-        local = self.disk / "download.pt"
-        for i in range(self.runs):
+        local = self.disk / "download"
+
+        def gateway() -> float:
             with self.node() as gw:  # a fresh node: empty cache
-                t0 = time.perf_counter()
-                state = torch.load(gw.mountpoint / key, weights_only=True)
-                cold = time.perf_counter() - t0
-                del state
-            down = self.boto3("download", {f"gw/{key}": local})
-            assert local.stat().st_size == nbytes
-            local.unlink()
+                return timed(functools.partial(load, gw.mountpoint / "restore" / what))
+
+        def download(how: tuple[int, int]) -> float:
+            local.mkdir(exist_ok=True)
+            pairs = {k: local / k.replace("/", "_") for k in want}
+            down = self.boto3("download", pairs, how)
+            assert {p.stat().st_size for p in pairs.values()} <= set(want.values())
+            shutil.rmtree(local)
+            return float(down["seconds"])
+
+        sides: list[tuple[str, Callable[[], float]]] = [
+            ("cold", gateway),
+            ("boto3", functools.partial(download, how)),
+        ]
+        if defaults:
+            sides.append(("boto3_defaults", functools.partial(download, BOTO3_DEFAULTS)))
+            s["boto3_defaults"] = []
+        for i in range(self.runs):
+            got = {}
+            turn = i % len(sides)
+            for name, fn in sides[turn:] + sides[:turn]:
+                got[name] = fn()
+                s[name].append(got[name])
             say(
-                f"  run {i}: torch.load, cold {cold:6.2f} s; "
-                f"boto3 download {down['seconds']:6.2f} s"
+                f"  run {i}: ckptgw {got['cold']:6.2f} s; boto3 download {got['boto3']:6.2f} s "
+                f"({how[0] >> 20} MiB x {how[1]})"
+                + (f", {got['boto3_defaults']:6.2f} s (its defaults)" if defaults else "")
             )
-            s["cold"].append(cold)
-            s["boto3"].append(down["seconds"])
-        self.samples[f"restore {label} {self.path}"] = s
-        self.add(
-            Row(
-                "cold restore",
-                label,
-                "boto3 download",
-                statistics.median(s["boto3"]),
-                statistics.median(s["cold"]),
-                "s",
-            )
+        return s
+
+    def restore(self, size: int, defaults: bool) -> None:
+        label = mib(size)
+        say(f"\n## {label} checkpoint [{self.path}]: cold restore on a fresh node")
+        sd = state_dict(size)
+        want = self.saved_once("step_1/ckpt.pt", functools.partial(save_atomic, sd))
+        del sd
+        s = self.restore_rounds(
+            "step_1/ckpt.pt",
+            want,
+            lambda p: torch.load(p, weights_only=True),
+            BOTO3_TUNED,
+            defaults,
         )
+        self.samples[f"restore {label} {self.path}"] = s
+        self.add_restore_rows("cold restore", label, s, BOTO3_TUNED)
+        self.delete("gw/restore/")
+
+    def restore_files(self, total: int, tensors: int) -> None:
+        say(f"\n## DCP checkpoint, {tensors} tensors ({mib(total)}): cold restore on a fresh node")
+        sd = {f"t{i}": torch.randn(total // 4 // tensors) for i in range(tensors)}
+        want = self.saved_once("dcp/step_1", functools.partial(dcp_save, sd))
+        target = {k: torch.empty_like(v) for k, v in sd.items()}
+        del sd
+
+        def load(path: Path) -> None:
+            dcp_load(target, path)
+
+        s = self.restore_rounds("dcp/step_1", want, load, (8 << 20, GETS))
+        self.samples[f"restore dcp {self.path}"] = {"files": len(want), "samples": s}
+        self.add_restore_rows("cold restore (DCP)", f"{len(want)} files", s, (8 << 20, GETS))
+        self.delete("gw/restore/")
+
+    def add_restore_rows(
+        self, metric: str, x: str, s: dict[str, list[float]], how: tuple[int, int]
+    ) -> None:
+        med = {k: statistics.median(v) for k, v in s.items()}
+        tuned = f"boto3 download ({how[0] >> 20} MiB x {how[1]})"
+        defaults = f"boto3 download, its defaults ({BOTO3_DEFAULTS[0] >> 20} MiB x 10)"
+        self.add(Row(metric, x, tuned, med["boto3"], med["cold"], "s"))
+        if "boto3_defaults" in med:
+            self.add(
+                Row(
+                    f"{metric} (boto3 defaults)",
+                    x,
+                    defaults,
+                    med["boto3_defaults"],
+                    med["cold"],
+                    "s",
+                )
+            )
 
     # -- many files at once: a DCP save, several writer processes ----------------------------
 
@@ -543,11 +629,17 @@ def main() -> None:
     ap.add_argument("--dcp-tensors", type=int, default=512)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument(
-        "--restore-max-mib",
+        "--restore-sizes",
+        default="1024,4096",
+        help="cold restore of these sizes in MiB (moto reads a whole object for every ranged "
+        "GET, so its cost grows with the square of the size)",
+    )
+    ap.add_argument(
+        "--restore-defaults-max-mib",
         type=int,
         default=1024,
-        help="cold restore only up to this size: moto reads a whole object for "
-        "every ranged GET, so its cost grows with the square of the size",
+        help="compare with boto3's own defaults (8 MiB parts) only up to this size: on moto "
+        "they take about 85 s per GiB, and 20 times that at 4 GiB",
     )
     ap.add_argument("--nfs-mib", type=int, default=1024, help="each NFS writer's file")
     ap.add_argument("--nfs-writers", default="1,8", help="NFS writer counts")
@@ -577,10 +669,23 @@ def main() -> None:
     samples: dict[str, Any] = {}
     sections: list[tuple[str, Callable[[Bench], None]]] = []
     for path in paths:
-        if only & {"save", "restore"}:
+        if "save" in only:
             for size in (int(x) << 20 for x in args.sizes.split(",")):
-                restore = "restore" in only and size <= args.restore_max_mib << 20
-                sections.append((path, functools.partial(Bench.sizes, size=size, restore=restore)))
+                sections.append((path, functools.partial(Bench.sizes, size=size)))
+        if "restore" in only:
+            for size in (int(x) << 20 for x in args.restore_sizes.split(",")):
+                defaults = size <= args.restore_defaults_max_mib << 20
+                sections.append(
+                    (path, functools.partial(Bench.restore, size=size, defaults=defaults))
+                )
+            sections.append(
+                (
+                    path,
+                    functools.partial(
+                        Bench.restore_files, total=args.dcp_mib << 20, tensors=args.dcp_tensors
+                    ),
+                )
+            )
         if "files" in only:
             sections.append(
                 (
@@ -626,8 +731,9 @@ def report(
         "settings": {
             "part": PART,
             "parts": PARTS,
-            "chunk": CHUNK,
-            "gets": GETS,
+            "fetch": "ckptgw's defaults",
+            "boto3_download_tuned": list(BOTO3_TUNED),
+            "boto3_download_defaults": list(BOTO3_DEFAULTS),
             "runs": args.runs,
             "paths": sorted({r.path for r in rows}),
         },

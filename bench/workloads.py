@@ -56,3 +56,12 @@ def dcp_save(state: dict[str, object], path: Path) -> int:
         fsync_path(p)
     fsync_path(path, os.O_RDONLY | os.O_DIRECTORY)
     return len(files)
+
+
+def dcp_load(state: dict[str, object], path: Path) -> None:
+    """A torch.distributed.checkpoint load into ``state`` (tensors of the saved shapes)."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)))
