@@ -280,17 +280,13 @@ class Fetcher:
             raise fs_error(f.error)
 
     async def ensure_whole(self, ino: Inode) -> None:
+        """The whole file in the cache (or the FUSEError a read would get). A fetch started
+        here and not opened by a reader runs at the lowest priority (a prefetch)."""
         f = await self._start(ino)
         if f is not None:
             await f.finished.wait()
             if f.error is not None:
                 raise fs_error(f.error)
-
-    async def prefetch(self, ino: Inode) -> None:
-        """Fetch a remote file whole, at the lowest priority until a reader opens it (its
-        HEAD done by the caller); returns once it is in the cache, or raises the FUSEError a
-        read would get."""
-        await self.ensure_whole(ino)
 
     # -- one fetch -------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ the remote files largest first, as long as they fit in the cache's room
 the rest is reported as not fitting, never fetched at the cost of dirty data. Then two
 stages run at once: HEADs of the planned files that were not described within
 ``fresh_for`` (16 in flight, :meth:`drain.entries.Entries.describe`), and fetches of those
-described (:meth:`drain.fetch.Fetcher.prefetch`), at the lowest priority of the GET slots: a
+described (:meth:`drain.fetch.Fetcher.ensure_whole`), at the lowest priority of the GET slots: a
 reader's own ranges always go first. A prefetched file counts as used now (its ``atime``),
 so eviction takes older files before it.
 
@@ -154,8 +154,8 @@ class Prefetcher:
         for job in self.jobs.values():
             if job.path == path and job.ended is None:
                 return job
-        await self._resolve(path)  # the error comes back to the caller, not into the job
-        return self._start(path, ASKED)
+        top = await self._resolve(path)  # the error comes back to the caller, not the job
+        return self._start(path, ASKED, top)
 
     def job(self, job_id: int) -> Warmup:
         job = self.jobs.get(job_id)
@@ -166,21 +166,23 @@ class Prefetcher:
     def views(self) -> list[dict[str, Any]]:
         return [j.view() for j in sorted(self.jobs.values(), key=lambda j: -j.id)]
 
-    def _start(self, path: str, origin: str) -> Warmup:
+    def _start(self, path: str, origin: str, top: InodeRow | None = None) -> Warmup:
         job = Warmup(next(self._ids), path, origin)
         self.jobs[job.id] = job
         for old in sorted(self.jobs)[:-KEEP]:
             if self.jobs[old].ended is not None:
                 del self.jobs[old]
         assert self._nursery is not None
-        self._nursery.start_soon(self._run, job)
+        self._nursery.start_soon(self._run, job, top)
         return job
 
     # -- one warm-up -----------------------------------------------------------------------------
 
-    async def _run(self, job: Warmup) -> None:
+    async def _run(self, job: Warmup, top: InodeRow | None) -> None:
+        """``top``: the entry at the job's path, if the caller resolved it already."""
         try:
-            top = await self._resolve(job.path)
+            if top is None:
+                top = await self._resolve(job.path)
             files = await self._collect(top, job.path)
             todo = self._plan(job, files)
             job.phase = "fetching"
@@ -260,19 +262,16 @@ class Prefetcher:
     def _plan(self, job: Warmup, files: list[tuple[InodeRow, str]]) -> list[tuple[Inode, str]]:
         """The remote files to fetch, largest first, as far as the cache has room."""
         remote: list[tuple[InodeRow, str]] = []
+        room = self.space.free_bytes()  # clean files count as room (evictable)...
         for row, rel in files:
             row = self.table.current(row)
             if row.state is State.REMOTE:
                 remote.append((row, rel))
-            else:
-                job.cached_files += 1
-                job.cached_bytes += row.size
-        # Clean files count as room (evictable), but not this checkpoint's own.
-        room = self.space.free_bytes() - sum(
-            self.table.current(r).size
-            for r, _ in files
-            if self.table.current(r).state is State.CLEAN
-        )
+                continue
+            job.cached_files += 1
+            job.cached_bytes += row.size
+            if row.state is State.CLEAN:
+                room -= row.size  # ...but not this checkpoint's own
         todo: list[tuple[Inode, str]] = []
         for row, rel in sorted(remote, key=lambda x: -x[0].size):
             if row.size <= room:
@@ -309,7 +308,7 @@ class Prefetcher:
                 if ino.state is State.REMOTE:
                     ino.atime_ns = time.time_ns()  # prefetched: used now, for eviction
                     ino.attrs_dirty = True
-                    await self.fetcher.prefetch(ino)
+                    await self.fetcher.ensure_whole(ino)  # at PREFETCH priority: not opened
                     job.fetched_files += 1
                     job.fetched_bytes += ino.size
                     self.stats.files += 1

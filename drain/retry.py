@@ -175,7 +175,7 @@ class RetryingStore(Store):
 
         async def attempt() -> None:
             base = done
-            if start + base >= end and end > start:
+            if base and start + base >= end:
                 return  # every byte arrived before the error
             await self.inner.get_into(
                 key, start + base, end, fd, etag=etag, progress=lambda n: advanced(base + n)

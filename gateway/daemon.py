@@ -394,19 +394,19 @@ def control_handlers(reporter: Reporter, lifecycle: Lifecycle) -> dict[str, Any]
     async def apply(r: dict[str, Any]) -> dict[str, Any]:
         return {**await lifecycle.apply(_run(r)), "store_local": reporter.store_local}
 
-    async def warmup(r: dict[str, Any]) -> dict[str, Any]:
+    def prefetcher() -> Prefetcher:
         if reporter.prefetcher is None:
             raise RequestError("this gateway has no store to warm up from")
+        return reporter.prefetcher
+
+    async def warmup(r: dict[str, Any]) -> dict[str, Any]:
         try:
-            return (await reporter.prefetcher.warmup(str(r.get("path", "")))).view()
+            return (await prefetcher().warmup(str(r.get("path", "")))).view()
         except LookupError as e:  # its message starts with the path, relative to the root
             raise RequestError(f"{reporter.mountpoint}/{e}") from None
 
     async def warmup_status(r: dict[str, Any]) -> dict[str, Any]:
-        if reporter.prefetcher is None:
-            raise RequestError("this gateway has no store to warm up from")
-        job = reporter.prefetcher.job(int(r.get("id", 0)))
-        return job.view()
+        return prefetcher().job(int(r.get("id", 0))).view()
 
     return {
         "status": guarded(lambda r: reporter.status()),
