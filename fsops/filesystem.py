@@ -19,6 +19,7 @@ from ckptgw.fsops.journal import Journal, JournalError
 from ckptgw.fsops.names import KeyRules
 from ckptgw.fsops.namespace import Namespace
 from ckptgw.fsops.operations import Operations
+from ckptgw.fsops.requeststats import RequestStats
 from ckptgw.fsops.passthrough import Passthrough
 from ckptgw.fsops.recovery import RecoveryReport, recover
 from ckptgw.fsops.remote import LocalOnly, Remote
@@ -82,6 +83,7 @@ class Filesystem:
         )
         self.path = Passthrough(opts.passthrough, self.cache, writers=opts.cache_limit is None)
         self.files = OpenFiles(self.table, self.space, self.states, opts.writeback_cache, self.path)
+        self.requests = RequestStats()  # what the kernel asked, by kind
 
     def operations(self, remote: Remote | None = None) -> Operations:
         """The FUSE request handlers, with ``remote`` serving files only the store has."""
@@ -92,6 +94,7 @@ class Filesystem:
             remote if remote is not None else LocalOnly(),
             writeback_cache=self.opts.writeback_cache,
             attr_timeout=self.opts.attr_timeout,
+            stats=self.requests,
         )
 
     def close(self) -> None:

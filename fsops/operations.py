@@ -14,6 +14,7 @@ import inspect
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from ckptgw.fsops.inodes import Inode
 from ckptgw.fsops.journal import InodeRow, State
 from ckptgw.fsops.namespace import AttrChange, Namespace
 from ckptgw.fsops.remote import Remote
+from ckptgw.fsops.requeststats import RequestStats
 from ckptgw.fsops.space import CacheSpace
 
 log = logging.getLogger(__name__)
@@ -33,10 +35,13 @@ _C = TypeVar("_C", bound=type)
 
 
 def _translate(fn: _F) -> _F:
+    op = fn.__name__
+
     @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+    async def wrapper(self: Operations, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
         try:
-            return await fn(*args, **kwargs)
+            return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
             raise
         except OSError as e:
@@ -49,6 +54,8 @@ def _translate(fn: _F) -> _F:
         except Exception:
             log.exception("unexpected error in %s", fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
+        finally:
+            self.stats.add(op, time.perf_counter() - started)
 
     return wrapper  # type: ignore[return-value]
 
@@ -84,8 +91,10 @@ class Operations(pyfuse3.Operations):
         writeback_cache: bool = True,
         attr_timeout: float = 1.0,
         blksize: int = 1 << 20,
+        stats: RequestStats | None = None,
     ) -> None:
         super().__init__()
+        self.stats = stats if stats is not None else RequestStats()
         self.ns = namespace
         self.files = files
         self.space = space

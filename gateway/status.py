@@ -235,6 +235,7 @@ class Reporter:
             "drained": {"bytes": self.engine.drained.bytes, "files": self.engine.drained.files},
             "written_bytes": self.fs.files.written_bytes,
             "fsyncs": self.fs.files.fsyncs,
+            "requests": self.fs.requests.view(),
             "data_path": {
                 "mode": self.fs.path.mode,
                 "reason": self.fs.path.reason if not self.fs.path.active else None,
