@@ -25,10 +25,12 @@ Rules:
 from __future__ import annotations
 
 import enum
+import heapq
+import itertools
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -112,6 +114,14 @@ class Scheduler:
     def __init__(self, config: ScheduleConfig) -> None:
         self.config = config
         self._due: dict[int, float] = {}  # inode -> trio time it may start
+        # The due files in start order, (not urgent, due time, seq, inode), with stale
+        # entries skipped when they surface: a file's entry is current while ``_due`` and
+        # ``_urgent`` still say what it says. A start looks at the head only, so a burst of
+        # thousands of small files costs O(log n) per file, not a sort per upload.
+        self._queue: list[tuple[bool, float, int, int]] = []
+        self._seq = itertools.count()
+        self._times: list[tuple[float, int]] = []  # (due time, inode): the next wake-up
+        self._sleep_until = math.inf  # when the loop wakes up by itself
         self._failures: dict[int, int] = {}
         self._running: dict[int, _Running] = {}
         self._urgent: set[int] = set()  # flushed: before everything else, no settle delay
@@ -127,10 +137,16 @@ class Scheduler:
 
     # -- DrainEvents: what the filesystem reports (trio thread, never blocks) -----------------
 
+    def _set_due(self, inode: int, due: float) -> None:
+        self._due[inode] = due
+        heapq.heappush(self._queue, (inode not in self._urgent, due, next(self._seq), inode))
+        heapq.heappush(self._times, (due, inode))
+        if due < self._sleep_until or inode in self._urgent:
+            self._wake.set()  # otherwise the loop wakes up in time by itself
+
     def written(self, inode: int) -> None:
-        self._due[inode] = trio.current_time() + self.config.settle
         self.dirty_since.setdefault(inode, time.time())
-        self._wake.set()
+        self._set_due(inode, trio.current_time() + self.config.settle)
 
     def changed(self, inode: int) -> None:
         run = self._running.get(inode)
@@ -159,7 +175,7 @@ class Scheduler:
             self._urgent.add(inode)
             self._failures.pop(inode, None)
             if inode not in self._running:
-                self._due[inode] = min(self._due.get(inode, now), now)
+                self._set_due(inode, min(self._due.get(inode, now), now))
         self.store_ops_added()  # failed store operations are retried at once too
 
     def start_emergency(self, reason: str) -> None:
@@ -196,8 +212,8 @@ class Scheduler:
         self._worker = worker
         now = trio.current_time()
         for inode, since in initial:
-            self._due[inode] = now
             self.dirty_since[inode] = since
+            self._set_due(inode, now)
         if self._flush_all:
             self.flush()
         task_status.started()
@@ -205,9 +221,16 @@ class Scheduler:
             while True:
                 self._start_due(nursery, worker)
                 self._wake = trio.Event()
-                delay = min(self._due.values(), default=math.inf) - trio.current_time()
-                with trio.move_on_after(max(0.01, min(delay, 60.0))):
+                delay = max(0.01, min(self._next_due() - trio.current_time(), 60.0))
+                self._sleep_until = trio.current_time() + delay
+                with trio.move_on_after(delay):
                     await self._wake.wait()
+                self._sleep_until = -math.inf  # awake: every change is seen by the next look
+
+    def _next_due(self) -> float:
+        while self._times and self._due.get(self._times[0][1]) != self._times[0][0]:
+            heapq.heappop(self._times)  # stale: rescheduled or gone since
+        return self._times[0][0] if self._times else math.inf
 
     def _order(self, worker: Worker, inode: int, due: float) -> tuple[bool, float]:
         if self.emergency is None:
@@ -219,19 +242,20 @@ class Scheduler:
         return inode not in self._urgent, -mtime
 
     def _start_due(self, nursery: trio.Nursery, worker: Worker) -> None:
-        now = trio.current_time()
-        busy = {r.key for r in self._running.values()}
-        pending: set[str] | None = None
         max_files = self.config.max_files
         if self.emergency is not None:
             max_files = max(max_files, self.config.emergency_files)
-        order = sorted(self._due.items(), key=lambda item: self._order(worker, *item))
-        for inode, due in order:
+        if len(self._running) >= max_files:
+            return
+        now = trio.current_time()
+        busy = {r.key for r in self._running.values()}
+        pending: set[str] | None = None
+        later: list[tuple[bool, float, int, int]] = []  # not started now: back in the queue
+        for inode in self._candidates(worker, now, later):
             if len(self._running) >= max_files:
-                return
-            now_wanted = (self.emergency or inode in self._urgent) and inode not in self._failures
-            if (due > now and not now_wanted) or inode in self._running:
-                continue
+                break
+            if inode in self._running:
+                continue  # written again during its upload: after it ends
             look = worker.look(inode)
             if look is Hold.GONE:
                 self._forget(inode)
@@ -250,6 +274,30 @@ class Scheduler:
             run = self._running[inode] = _Running(look.key, trio.CancelScope())
             busy.add(look.key)
             nursery.start_soon(self._upload, worker, inode, run)
+        for entry in later:
+            if self._due.get(entry[3]) == entry[1]:
+                heapq.heappush(self._queue, entry)
+
+    def _candidates(
+        self, worker: Worker, now: float, taken: list[tuple[bool, float, int, int]]
+    ) -> Iterator[int]:
+        """The files that may start now, in start order, as the caller asks for them:
+        flushed files first, then by due time (in an emergency: newest first). Their queue
+        entries go to ``taken`` first, for the caller to put back those it does not start."""
+        if self.emergency is not None:  # rare: a plain sort of everything due
+            order = sorted(self._due.items(), key=lambda item: self._order(worker, *item))
+            yield from (i for i, due in order if due <= now or i not in self._failures)
+            return
+        while self._queue:
+            not_urgent, due, _, inode = self._queue[0]
+            if self._due.get(inode) != due or (inode not in self._urgent) != not_urgent:
+                heapq.heappop(self._queue)  # stale: rescheduled, flushed or gone since
+                continue
+            if due > now and not_urgent:
+                break  # the queue is in due order from here on
+            taken.append(heapq.heappop(self._queue))
+            if due <= now or inode not in self._failures:
+                yield inode  # a flushed file that failed waits for its retry time
 
     def _forget(self, inode: int) -> None:
         """The file is clean or gone: nothing about it is pending any more."""
@@ -280,7 +328,7 @@ class Scheduler:
             self._ended.fire()
             self._wake.set()
         if run.changed and inode not in self._due:
-            self._due[inode] = trio.current_time() + self.config.settle
+            self._set_due(inode, trio.current_time() + self.config.settle)
 
     def _failed(self, inode: int, key: str, e: StoreError) -> None:
         """The one place that decides when a failed file is tried again."""
@@ -300,4 +348,4 @@ class Scheduler:
                     e,
                     delay,
                 )
-        self._due[inode] = trio.current_time() + delay
+        self._set_due(inode, trio.current_time() + delay)
