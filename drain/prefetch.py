@@ -307,7 +307,7 @@ class Prefetcher:
             try:
                 if ino.state is State.REMOTE:
                     ino.atime_ns = time.time_ns()  # prefetched: used now, for eviction
-                    ino.attrs_dirty = True
+                    ino.atime_dirty = True
                     await self.fetcher.ensure_whole(ino)  # at PREFETCH priority: not opened
                     job.fetched_files += 1
                     job.fetched_bytes += ino.size

@@ -58,6 +58,36 @@ class SpaceInfo:
 
 ALIGN = 4096
 
+# Filesystems on which fsync of a newly created file also makes its directory entry durable,
+# so the cache file's entry needs no fsync of its own: ext4 (with a journal, the commit that
+# holds the inode holds the entry too; without one, ext4_sync_parent writes the parent) and
+# XFS (the log force covers the create's transaction). Elsewhere (btrfs, ext2's own driver,
+# network filesystems, ...) the directory is fsynced once after the file's first fsync.
+ENTRY_DURABLE_WITH_FILE = frozenset({"ext4", "xfs"})
+# Nothing on these survives a reboot anyway: no directory fsync either.
+NOT_PERSISTENT = frozenset({"tmpfs", "ramfs"})
+
+
+def fs_type(path: Path) -> str | None:
+    """The type of the filesystem ``path`` is on (from /proc/self/mountinfo, by device)."""
+    dev = os.stat(path).st_dev
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    found = None
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[2] == want and " - " in line:
+                found = line.split(" - ", 1)[1].split()[0]  # the last mount of it wins
+    return found
+
+
+@dataclass
+class SyncStats:
+    """The daemon's own fsyncs of the cache disk (each a device flush, at most)."""
+
+    files: int = 0  # of cache files, for an fsync request
+    entries: int = 0  # of a shard directory, for a new cache file's entry
+
 
 class Room:
     """The signal writers waiting for cache space wait on: something freed bytes, or a file
@@ -163,6 +193,10 @@ class CacheFiles:
         self.direct: DirectWriter | None = None
         if direct_io and direct_io_refusal(self.data) is None:
             self.direct = DirectWriter()
+        self.fs_type = fs_type(self.data)
+        self.entries_need_sync = self.fs_type not in ENTRY_DURABLE_WITH_FILE | NOT_PERSISTENT
+        self.syncs = SyncStats()
+        self._shards: set[str] = set()  # shard directories known to exist
 
     def close(self) -> None:
         """The reserve file goes with the mount: only a mount's kernel writers need it, and the
@@ -188,8 +222,11 @@ class CacheFiles:
 
     def create(self, inode: int) -> None:
         """Create an empty cache file (its directory entry is synced at the first fsync)."""
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(self._shard(inode), 0o700, dir_fd=self._dirfd)
+        shard = self._shard(inode)
+        if shard not in self._shards:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(shard, 0o700, dir_fd=self._dirfd)
+            self._shards.add(shard)
         fd = os.open(
             self._rel(inode),
             os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
@@ -231,13 +268,16 @@ class CacheFiles:
             self.used = max(0, self.used - nbytes)
             self.room.changed()
 
-    def sync_entry(self, inode: int) -> None:
-        """Make the cache file's directory entry durable (needed once, after create)."""
-        fd = os.open(self._shard(inode), os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._dirfd)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    def sync_file(self, fd: int, inode: int, datasync: bool, entry: bool) -> None:
+        """Make a cache file's content durable (blocking: on a worker thread), and with
+        ``entry`` its directory entry too (asked only where ``entries_need_sync``)."""
+        (os.fdatasync if datasync else os.fsync)(fd)
+        if entry:
+            dfd = os.open(self._shard(inode), os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._dirfd)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
 
     def known_inodes(self) -> set[int]:
         """Inode numbers of every cache file present (used by recovery)."""

@@ -15,6 +15,7 @@ thread hop (a thread hop per 1 MiB request costs more than the copy).
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import os
 import time
@@ -98,7 +99,7 @@ class OpenFiles:
                     await self.states.mark_dirty(ino)
                     self._kernel_writers[ino.id] = ino
             ino.atime_ns = now  # the last open: what eviction goes by (least recently used)
-            ino.attrs_dirty = True
+            ino.atime_dirty = True  # journaled at release: an fsync does not wait for it
         except BaseException:
             if bid >= 0:
                 self.path.closed(ino, bid)
@@ -165,6 +166,8 @@ class OpenFiles:
         if self.cache.direct is not None:
             ino.inflight += 1
             try:
+                if ino.dfd < 0:  # opened at the daemon's first write, closed with ``fd``
+                    ino.dfd = self.cache.open_direct(ino.id)
                 n = await self.cache.direct.write(ino.fd, ino.dfd, buf, off)
             finally:
                 ino.inflight -= 1
@@ -200,7 +203,7 @@ class OpenFiles:
         ino = h.inode
         try:
             self.observe(ino)
-            if ino.attrs_dirty and ino.parent is not None:
+            if (ino.attrs_dirty or ino.atime_dirty) and ino.parent is not None:
                 self.table.persist(ino)
         finally:  # the open ends whatever failed above
             self.path.closed(ino, h.backing)
@@ -213,19 +216,23 @@ class OpenFiles:
             self.table.release_if_unused(ino)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
+        """The cache file (and, where the filesystem needs it, its directory entry the first
+        time) and then the journal made durable, in one trip to a worker thread. The
+        journal's fsync is shared with every fsync that runs meanwhile (group commit) and
+        left out when nothing was journaled since the last one."""
         ino = self.handle(fh).inode
-        sync = os.fdatasync if datasync else os.fsync
         ino.syncing += 1
         try:
-            await trio.to_thread.run_sync(sync, ino.fd)
             self.observe(ino)
             ino.unsynced_bytes = 0
-            if not ino.entry_synced:
-                await trio.to_thread.run_sync(self.cache.sync_entry, ino.id)
-                ino.entry_synced = True
             if ino.attrs_dirty:
                 self.table.persist(ino)
-            await self.table.journal.barrier()
+            entry = not ino.entry_synced and self.cache.entries_need_sync
+            sync = functools.partial(self.cache.sync_file, ino.fd, ino.id, datasync, entry)
+            await self.table.journal.barrier(first=sync)  # one trip to a worker thread
+            self.cache.syncs.files += 1
+            self.cache.syncs.entries += entry
+            ino.entry_synced = True
             self.fsyncs += 1
         finally:
             ino.syncing -= 1

@@ -40,6 +40,7 @@ class Inode(InodeRow):
     pins: int = 0  # references held by the drain while it uploads the inode
     syncing: int = 0  # fsyncs in progress: the drain waits for them (temp + fsync + rename)
     attrs_dirty: bool = False  # size/times changed since the journal row was written
+    atime_dirty: bool = False  # only the last open's time changed (journaled lazily)
     entry_synced: bool = True  # the cache file's directory entry is durable
     unsynced_bytes: int = 0  # written since the last early write-back kick
     charged: int = 0  # bytes of the cache file counted in the cache's use (fsops.space)
@@ -114,7 +115,7 @@ class InodeTable:
         del self._mem[ino.id]
         if ino.parent is None:
             self.destroy(ino.id)
-        elif ino.attrs_dirty:
+        elif ino.attrs_dirty or ino.atime_dirty:
             self.persist(ino)
 
     def unlink(self, ino: Inode) -> bool:
@@ -139,22 +140,16 @@ class InodeTable:
     def persist(self, ino: Inode) -> None:
         """Write size, times, mode and owner (never the state: see :mod:`fsops.state`)."""
         self.journal.update_attrs(ino)
-        ino.attrs_dirty = False
+        ino.attrs_dirty = ino.atime_dirty = False
 
     def persist_all(self) -> None:
         for ino in list(self._mem.values()):
-            if ino.attrs_dirty:
+            if ino.attrs_dirty or ino.atime_dirty:
                 self.persist(ino)
 
     def open_fd(self, ino: Inode) -> int:
         if ino.fd < 0:
-            ino.fd = self.cache.open(ino.id)
-            try:
-                ino.dfd = self.cache.open_direct(ino.id)
-            except OSError:
-                os.close(ino.fd)
-                ino.fd = -1
-                raise
+            ino.fd = self.cache.open(ino.id)  # the O_DIRECT twin at the daemon's first write
         ino.opens += 1
         return ino.fd
 

@@ -20,7 +20,7 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +84,9 @@ _INODE_COLS = (
 
 _IS_DIR = f"(mode & {stat.S_IFMT(0xFFFFFFFF)}) = {stat.S_IFDIR}"
 _IS_REG = f"(mode & {stat.S_IFMT(0xFFFFFFFF)}) = {stat.S_IFREG}"
+# A directory's link count (2 + its subdirectories) is asked with every reply about it: this
+# index answers it without walking the directory's files (added to older journals at open).
+_SUBDIRS_INDEX = f"CREATE INDEX IF NOT EXISTS inodes_subdirs ON inodes (parent) WHERE {_IS_DIR}"
 
 
 @dataclass
@@ -200,6 +203,10 @@ _SCHEMA = """
 """
 
 
+class _FirstFailed(OSError):
+    """What a barrier ran first failed, not the journal's own fsync."""
+
+
 class Journal:
     """Owner of the SQLite connection. Used from the trio thread only."""
 
@@ -235,11 +242,16 @@ class Journal:
             raise JournalError(
                 f"journal {path} has schema version {version}, this ckptgw reads {SCHEMA_VERSION}"
             )
+        self.db.execute(_SUBDIRS_INDEX)
         self.epoch = int(self.get_meta("epoch") or 0)
         self._next_id = self._max_id() + 1
         # The WAL exists from the first commit on and is never deleted while we hold the
         # connection open (it is only truncated), so one descriptor serves every barrier.
         self._wal_fd = os.open(f"{path}-wal", os.O_RDONLY | os.O_CREAT, 0o600)
+        self._durable = -1  # total_changes that the last WAL fsync covered
+        self._syncing: trio.Event | None = None  # the WAL fsync running now
+        self._broken: OSError | None = None  # a WAL fsync failed
+        self.barriers = 0  # WAL fsyncs done
 
     def _migrate_from_1(self) -> None:
         """Version 1 had no device numbers, and only regular files had a drain state: its
@@ -278,12 +290,65 @@ class Journal:
             raise
         self.db.execute("COMMIT")
 
-    async def barrier(self) -> None:
-        """Return once every commit so far is on stable storage."""
-        await trio.to_thread.run_sync(os.fsync, self._wal_fd)
+    def unsynced(self) -> bool:
+        """Whether a commit was made since the last barrier began."""
+        return self.db.total_changes > self._durable
+
+    async def barrier(self, first: Callable[[], object] | None = None) -> None:
+        """Return once every commit so far is on stable storage; with ``first``, call it on
+        the same worker thread just before (an fsync of a cache file: one trip for both).
+
+        Group commit: one fsync of the WAL covers every commit made before it started, so
+        a barrier asked for while one runs waits for it (and, if its own commits came
+        later, for the next, which covers everything asked meanwhile); a barrier with no
+        commit since the last one does nothing but ``first``. Commits are counted by the
+        rows they changed (``total_changes``). A failed fsync of the WAL leaves the journal
+        broken: every barrier after it fails too, as the kernel may have dropped the pages
+        it could not write (retrying would report them durable)."""
+        want = self.db.total_changes
+        while True:
+            if self._broken is not None:
+                raise self._broken
+            if self._durable >= want:
+                if first is not None:
+                    await trio.to_thread.run_sync(first)
+                return
+            if self._syncing is not None:
+                if first is not None:  # its own work now, while the other sync runs
+                    await trio.to_thread.run_sync(first)
+                    first = None
+                await self._syncing.wait()
+                continue
+            covers = -1 if self.db.in_transaction else self.db.total_changes
+            self._syncing = done = trio.Event()
+            try:
+                await trio.to_thread.run_sync(self._sync_wal, first)
+            except OSError as e:
+                if not isinstance(e, _FirstFailed):
+                    self._broken = e
+                raise
+            finally:
+                self._syncing = None
+                done.set()
+            self.barriers += 1
+            if covers < 0:
+                return  # inside another task's transaction: this caller's commits are covered
+            self._durable = max(self._durable, covers)
+            return
+
+    def _sync_wal(self, first: Callable[[], object] | None) -> None:
+        if first is not None:
+            try:
+                first()
+            except OSError as e:
+                raise _FirstFailed(e.errno, e.strerror) from e
+        os.fsync(self._wal_fd)
 
     def barrier_sync(self) -> None:
+        covers = -1 if self.db.in_transaction else self.db.total_changes
         os.fsync(self._wal_fd)
+        self.barriers += 1
+        self._durable = max(self._durable, covers)
 
     def close(self) -> None:
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

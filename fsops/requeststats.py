@@ -3,13 +3,13 @@ them (status, metrics, and the tests that count requests per file)."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 
 class RequestStats:
     def __init__(self) -> None:
         self.count: Counter[str] = Counter()
-        self.seconds: Counter[str] = Counter()
+        self.seconds: defaultdict[str, float] = defaultdict(float)
 
     def add(self, op: str, seconds: float) -> None:
         self.count[op] += 1

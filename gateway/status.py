@@ -235,6 +235,11 @@ class Reporter:
             "drained": {"bytes": self.engine.drained.bytes, "files": self.engine.drained.files},
             "written_bytes": self.fs.files.written_bytes,
             "fsyncs": self.fs.files.fsyncs,
+            "syncs": {
+                "files": self.fs.cache.syncs.files,
+                "entries": self.fs.cache.syncs.entries,
+                "journal": self.fs.journal.barriers,
+            },
             "requests": self.fs.requests.view(),
             "data_path": {
                 "mode": self.fs.path.mode,
