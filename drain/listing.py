@@ -88,6 +88,14 @@ class Listings:
         self._inflight: dict[int, trio.Event] = {}
         self._failing = False
 
+    def fresh_for(self, d: Inode) -> float:
+        """Seconds until the store's view of ``d`` is due to be listed again (0: now, or
+        the store could not be listed: a name may show up at the next try)."""
+        last = self._listed.get(d.id)
+        if last is None or self._failing or d.id in self._inflight:
+            return 0.0
+        return max(0.0, self.config.ttl - (time.monotonic() - last))
+
     async def refresh(self, d: Inode) -> None:
         if not d.is_dir or (d.parent is None and d.id != ROOT_INODE):
             return

@@ -25,6 +25,9 @@ class ReadThrough:
     async def refresh(self, directory: Inode) -> None:
         await self.listings.refresh(directory)
 
+    def absent_for(self, directory: Inode) -> float:
+        return self.listings.fresh_for(directory)
+
     async def describe(self, ino: Inode) -> None:
         await self.entries.describe(ino, strict=False)
 

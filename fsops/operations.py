@@ -139,7 +139,12 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         if name not in (b".", b".."):
             await self.remote.refresh(self.table.get(parent_inode))
-        ino = self.ns.lookup(parent_inode, name)  # takes the kernel's reference
+        try:
+            ino = self.ns.lookup(parent_inode, name)  # takes the kernel's reference
+        except OSError as e:
+            if e.errno != errno.ENOENT or name in (b".", b".."):
+                raise
+            return self._absent(parent_inode)
         if ino.state is State.REMOTE and name not in (b".", b".."):
             try:
                 await self.remote.describe(ino)
@@ -147,6 +152,18 @@ class Operations(pyfuse3.Operations):
                 ino.lookups -= 1  # no reply reaches the kernel
                 raise
         return self.attrs(ino)
+
+    def _absent(self, parent_inode: int) -> pyfuse3.EntryAttributes:
+        """A negative entry: the kernel keeps "no such name" for as long as that stays true
+        here (a create through the mount replaces it; a name from the store cannot show up
+        before the directory's next listing), and asks nothing until then."""
+        timeout = min(self.attr_timeout, self.remote.absent_for(self.table.get(parent_inode)))
+        if timeout <= 0:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = 0
+        a.entry_timeout = timeout
+        return a
 
     async def forget(self, inode_list: Sequence[tuple[int, int]]) -> None:
         for inode, nlookup in inode_list:

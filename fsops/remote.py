@@ -7,6 +7,7 @@ journal, content fetched into the cache); :class:`LocalOnly` serves a cache on i
 from __future__ import annotations
 
 import errno
+import math
 from typing import Protocol
 
 from ckptgw.fsops.inodes import Inode, fs_error
@@ -16,6 +17,11 @@ from ckptgw.fsops.journal import InodeRow, State
 class Remote(Protocol):
     async def refresh(self, directory: Inode) -> None:
         """Merge the store's view of ``directory`` into the journal, unless recently done."""
+
+    def absent_for(self, directory: Inode) -> float:
+        """Seconds for which a name ``directory`` lacks now may be taken as absent (the kernel
+        keeps the negative entry): until the store's view of it is due to be listed again."""
+        ...
 
     async def describe(self, ino: Inode) -> None:
         """Before the kernel sees a remote entry: read its attributes from the store unless
@@ -38,6 +44,9 @@ class Remote(Protocol):
 class LocalOnly:
     async def refresh(self, directory: Inode) -> None:
         pass
+
+    def absent_for(self, directory: Inode) -> float:
+        return math.inf  # nothing appears except through the mount itself
 
     async def describe(self, ino: Inode) -> None:
         pass
