@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 class DrainConfig:
     settle: float = 0.2
     max_files: int = 4
+    max_small_files: int = 16
+    yield_to_saves: float = 0.0
     max_parts: int = 8
     permanent_retry: float = 60.0
     orphan_age: float = 86400.0  # abort unknown multipart uploads older than this
@@ -49,6 +51,8 @@ class DrainConfig:
             max_files=self.max_files,
             emergency_files=self.max_parts,
             permanent_retry=self.permanent_retry,
+            max_small=self.max_small_files,
+            yield_to_saves=self.yield_to_saves,
         )
 
 
@@ -159,7 +163,7 @@ class DrainEngine:
             return Hold.WRITING
         if ino.syncing > 0:
             return Hold.SYNCING
-        return Ready(self.fs.keys.entry_key(ino), ino.mtime_ns)
+        return Ready(self.fs.keys.entry_key(ino), ino.mtime_ns, ino.size if ino.is_reg else 0)
 
     def dirty(self) -> list[int]:
         return self.journal.dirty_files()

@@ -41,19 +41,28 @@ from ckptgw.drain.store import StoreError
 log = logging.getLogger(__name__)
 
 
+SMALL_FILE = 4 << 20  # up to this size a file takes the small files' lane
+
+
 @dataclass(frozen=True)
 class ScheduleConfig:
     settle: float = 0.2
     max_files: int = 4
     emergency_files: int = 8  # uploads at once during the emergency drain
     permanent_retry: float = 60.0
+    max_small: int = 16  # small files (<= SMALL_FILE) uploading at once, besides max_files
+    # While files keep being finished less than ``settle`` apart (a sharded save), due files
+    # wait, each for at most this many seconds (0: never): the save keeps the cores.
+    yield_to_saves: float = 0.0
 
 
 class Ready(NamedTuple):
-    """A file that may be uploaded now: the key it goes to and its mtime (for ordering)."""
+    """A file that may be uploaded now: the key it goes to, its mtime (for ordering) and
+    size (small files have a lane of their own)."""
 
     key: str
     mtime_ns: int
+    size: int = 0
 
 
 class Signal:
@@ -107,6 +116,7 @@ class Worker(Protocol):
 class _Running:
     key: str
     scope: trio.CancelScope
+    small: bool = False
     changed: bool = False
 
 
@@ -122,6 +132,10 @@ class Scheduler:
         self._seq = itertools.count()
         self._times: list[tuple[float, int]] = []  # (due time, inode): the next wake-up
         self._sleep_until = math.inf  # when the loop wakes up by itself
+        self._last_written = -math.inf  # when a file was last reported quiet
+        self._hold_until = -math.inf  # due files wait for a save in progress until then
+        self._small = 0  # small files uploading now
+        self.yielded = 0  # times due files waited for a save in progress
         self._failures: dict[int, int] = {}
         self._running: dict[int, _Running] = {}
         self._urgent: set[int] = set()  # flushed: before everything else, no settle delay
@@ -146,7 +160,8 @@ class Scheduler:
 
     def written(self, inode: int) -> None:
         self.dirty_since.setdefault(inode, time.time())
-        self._set_due(inode, trio.current_time() + self.config.settle)
+        self._last_written = trio.current_time()
+        self._set_due(inode, self._last_written + self.config.settle)
 
     def changed(self, inode: int) -> None:
         run = self._running.get(inode)
@@ -221,7 +236,8 @@ class Scheduler:
             while True:
                 self._start_due(nursery, worker)
                 self._wake = trio.Event()
-                delay = max(0.01, min(self._next_due() - trio.current_time(), 60.0))
+                wake = max(self._next_due(), self._hold_until)
+                delay = max(0.01, min(wake - trio.current_time(), 60.0))
                 self._sleep_until = trio.current_time() + delay
                 with trio.move_on_after(delay):
                     await self._wake.wait()
@@ -245,14 +261,17 @@ class Scheduler:
         max_files = self.config.max_files
         if self.emergency is not None:
             max_files = max(max_files, self.config.emergency_files)
-        if len(self._running) >= max_files:
+        max_small = self.config.max_small
+        big = len(self._running) - self._small
+        if big >= max_files and self._small >= max_small:
             return
         now = trio.current_time()
+        self._hold_until = -math.inf
         busy = {r.key for r in self._running.values()}
         pending: set[str] | None = None
         later: list[tuple[bool, float, int, int]] = []  # not started now: back in the queue
         for inode in self._candidates(worker, now, later):
-            if len(self._running) >= max_files:
+            if big >= max_files and self._small >= max_small:
                 break
             if inode in self._running:
                 continue  # written again during its upload: after it ends
@@ -265,14 +284,19 @@ class Scheduler:
                 continue
             if not isinstance(look, Ready):
                 continue  # syncing: the end of the fsync reports it again
+            small = look.size <= SMALL_FILE
+            if (big >= max_files, self._small >= max_small)[small]:
+                continue
             if pending is None:
                 pending = worker.busy_keys()
             if look.key in busy or look.key in pending:
                 continue
             del self._due[inode]
             worker.begin(inode, look.key)
-            run = self._running[inode] = _Running(look.key, trio.CancelScope())
+            run = self._running[inode] = _Running(look.key, trio.CancelScope(), small)
             busy.add(look.key)
+            self._small += small
+            big += not small
             nursery.start_soon(self._upload, worker, inode, run)
         for entry in later:
             if self._due.get(entry[3]) == entry[1]:
@@ -295,9 +319,22 @@ class Scheduler:
                 continue
             if due > now and not_urgent:
                 break  # the queue is in due order from here on
+            if not_urgent and self._saving(now, due):
+                break  # so is every file after it
             taken.append(heapq.heappop(self._queue))
             if due <= now or inode not in self._failures:
                 yield inode  # a flushed file that failed waits for its retry time
+
+    def _saving(self, now: float, due: float) -> bool:
+        """Whether a file due since ``due`` waits for a save in progress (files are still
+        being finished one after another) for now; if so, the loop looks again when the
+        save may have ended or the file has waited long enough."""
+        wait = self.config.yield_to_saves
+        if wait <= 0 or now - self._last_written >= self.config.settle or now - due >= wait:
+            return False
+        self._hold_until = min(self._last_written + self.config.settle, due + wait)
+        self.yielded += 1
+        return True
 
     def _forget(self, inode: int) -> None:
         """The file is clean or gone: nothing about it is pending any more."""
@@ -325,6 +362,7 @@ class Scheduler:
             self._failed(inode, run.key, StoreError(f"unexpected error: {e!r}", temporary=True))
         finally:
             del self._running[inode]
+            self._small -= run.small
             self._ended.fire()
             self._wake.set()
         if run.changed and inode not in self._due:

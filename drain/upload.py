@@ -64,6 +64,12 @@ def _hash_file(fd: int, size: int) -> str:
     return h.hexdigest()
 
 
+def _read_hashed(fd: int, size: int) -> tuple[bytes, str]:
+    """A small file's content and its checksum: one read for both."""
+    data = _read(fd, size, 0)
+    return data, xxhash.xxh3_128_hexdigest(data)
+
+
 def _read(fd: int, size: int, off: int) -> bytes:
     data = os.pread(fd, size, off)
     if len(data) != size:
@@ -157,7 +163,11 @@ class Uploader:
                 await self.discard(record)
                 record = None
             t0 = trio.current_time()
-            checksum = await trio.to_thread.run_sync(_hash_file, fd, size)
+            data = b""
+            if size <= self.config.multipart_threshold:  # one read for the sum and the PUT
+                data, checksum = await trio.to_thread.run_sync(_read_hashed, fd, size)
+            else:
+                checksum = await trio.to_thread.run_sync(_hash_file, fd, size)
             _check(ino, generation)
             progress.phase = SENDING
             if record is not None and record.checksum != checksum:
@@ -176,7 +186,7 @@ class Uploader:
                 record = UploadRow(ino.id, generation, key, None, 0, size, checksum)
             meta = self._metadata(ino, size, record.checksum)
             if size <= self.config.multipart_threshold:
-                etag = await self._single(ino, fd, record, meta, progress)
+                etag = await self._single(ino, data, record, meta, progress)
             else:
                 etag = await self._multipart(ino, fd, record, meta, progress)
         finally:
@@ -203,13 +213,12 @@ class Uploader:
     async def _single(
         self,
         ino: Inode,
-        fd: int,
+        data: bytes,
         record: UploadRow,
         meta: dict[str, str],
         progress: UploadProgress,
     ) -> str:
         self._begin(record)
-        data = await trio.to_thread.run_sync(_read, fd, record.size, 0)
         _check(ino, record.generation)
         return await self._send(progress, len(data), lambda: self.store.put(record.key, data, meta))
 

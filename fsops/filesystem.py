@@ -19,10 +19,10 @@ from ckptgw.fsops.journal import Journal, JournalError
 from ckptgw.fsops.names import KeyRules
 from ckptgw.fsops.namespace import Namespace
 from ckptgw.fsops.operations import Operations
-from ckptgw.fsops.requeststats import RequestStats
 from ckptgw.fsops.passthrough import Passthrough
 from ckptgw.fsops.recovery import RecoveryReport, recover
 from ckptgw.fsops.remote import LocalOnly, Remote
+from ckptgw.fsops.requeststats import RequestStats
 from ckptgw.fsops.space import CacheSpace
 from ckptgw.fsops.state import FileStates
 from ckptgw.fsops.storekeys import StoreKeys

@@ -43,6 +43,13 @@ def _endpoint(url: str | None) -> str | None:
     return url
 
 
+def _yield_to_saves(value: float | None) -> float:
+    """The drain yields to sharded saves where cores are few (see drain.yield_to_saves)."""
+    if value is not None:
+        return value
+    return 30.0 if (os.cpu_count() or 1) <= 4 else 0.0
+
+
 def _escape_path(path: Path) -> str:
     """A file name for a mountpoint, like systemd-escape --path: /mnt/ckpt -> mnt-ckpt."""
     text = str(path).strip("/") or "root"
@@ -84,6 +91,8 @@ class Config:
     foreground: bool = False
     settle: float = default("drain.settle")
     max_files: int = default("drain.max_files")
+    max_small_files: int = default("drain.max_small_files")
+    yield_to_saves: float = 0.0
     max_parts: int = default("drain.max_parts")
     part_size: int = default("drain.part_size")
     multipart_threshold: int = default("drain.multipart_threshold")
@@ -216,6 +225,8 @@ def load_config(
         foreground=foreground,
         settle=get("drain.settle"),
         max_files=get("drain.max_files"),
+        max_small_files=get("drain.max_small_files"),
+        yield_to_saves=_yield_to_saves(get("drain.yield_to_saves")),
         max_parts=get("drain.max_parts"),
         part_size=get("drain.part_size"),
         multipart_threshold=get("drain.multipart_threshold"),

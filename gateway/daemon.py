@@ -245,6 +245,8 @@ def drain_config(cfg: Config) -> DrainConfig:
     return DrainConfig(
         settle=cfg.settle,
         max_files=cfg.max_files,
+        max_small_files=cfg.max_small_files,
+        yield_to_saves=cfg.yield_to_saves,
         max_parts=cfg.max_parts,
         permanent_retry=cfg.permanent_retry,
         upload=UploadConfig(

@@ -328,6 +328,14 @@ SETTINGS = (
             "seconds a closed file stays quiet before it is uploaded", field="settle"),
     Setting("drain", "max_files", Number(1, whole=True), 4,
             "files uploading at once", field="max_files"),
+    Setting("drain", "max_small_files", Number(1, whole=True), 16,
+            "files of up to 4 MiB uploading at once besides `max_files` (the many small files "
+            "of a sharded save; each PUT holds its file in memory)", field="max_small_files"),
+    Setting("drain", "yield_to_saves", SECONDS, None,
+            "while files are still being finished one after another (a sharded save), uploads "
+            "wait until the burst ends, each for at most this many seconds, so the drain does "
+            "not take the save's cores; 0: never", field="yield_to_saves",
+            default_text="30 on a machine with 4 CPUs or fewer, else 0", example=30),
     Setting("drain", "max_parts", Number(1, whole=True), 8,
             "multipart parts in flight (memory: max_parts x part_size)", field="max_parts"),
     Setting("drain", "part_size", Size(), "16MiB",

@@ -130,6 +130,7 @@ def test_an_empty_config_file_gives_every_default_of_the_table(
         "cache.dir": Path("/var/cache/ckptgw" if root else f"{tmp_path}/cache/ckptgw") / escaped,
         "cache.size": None,  # the cache disk's room
         "cache.fetch_chunk": None,  # adapts to each object
+        "drain.yield_to_saves": 30.0 if (os.cpu_count() or 1) <= 4 else 0.0,
         "log.file": None,  # <cache dir>/ckptgw.log
         "retention.run": "a",  # required: the test's own
     }

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from ckptgw.drain.scheduler import Hold, Ready, ScheduleConfig, Scheduler
+from ckptgw.drain.scheduler import SMALL_FILE, Hold, Ready, ScheduleConfig, Scheduler
 from ckptgw.drain.store import StoreError
 
 SETTLE = 0.2
@@ -22,6 +22,7 @@ SETTLE = 0.2
 class FakeFile:
     key: str
     mtime_ns: int = 0
+    size: int = 64 << 20  # above SMALL_FILE unless a test says otherwise
     hold: Hold | None = None  # what look() answers instead of Ready
     dirty: bool = True
 
@@ -42,7 +43,7 @@ class FakeWorker:
         f = self.files.get(inode)
         if f is None or not f.dirty:
             return Hold.GONE
-        return f.hold if f.hold is not None else Ready(f.key, f.mtime_ns)
+        return f.hold if f.hold is not None else Ready(f.key, f.mtime_ns, f.size)
 
     def dirty(self) -> list[int]:
         return [i for i, f in self.files.items() if f.dirty]
@@ -222,6 +223,69 @@ def test_at_most_max_files_at_once() -> None:
         assert len(s.uploading()) == 2 and len(w.started) == 3
 
     run(test, max_files=2)
+
+
+def test_small_files_have_a_lane_of_their_own() -> None:
+    """A burst of small files (a sharded save) goes many at once, beside the big files."""
+
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        for i in range(1, 4):
+            w.files[i] = FakeFile(f"big{i}")
+            w.script[i] = ["wait"]
+            s.written(i)
+        for i in range(10, 30):
+            w.files[i] = FakeFile(f"small{i}", size=SMALL_FILE if i % 2 else 1)
+            w.script[i] = ["wait"]
+            s.written(i)
+        await trio.sleep(1)
+        running = set(s.uploading())
+        assert len(running & {1, 2, 3}) == 2  # max_files
+        assert len(running - {1, 2, 3}) == 5  # max_small
+        small = next(i for i in running if i >= 10)
+        w.release(small)
+        await trio.sleep(0.1)
+        assert len(set(s.uploading()) - {1, 2, 3}) == 5 and len(w.started) == 8
+
+    run(test, max_files=2, max_small=5)
+
+
+def test_due_files_wait_for_a_save_in_progress_but_not_forever() -> None:
+    """Files finished one after another less than ``settle`` apart: nothing starts until
+    the burst ends, or until the first file has waited ``yield_to_saves``."""
+
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        t0 = trio.current_time()
+        for i in range(1, 21):  # a save finishing a file every 0.1 s for 2 s
+            w.files[i] = FakeFile(f"k{i}", size=1)
+            s.written(i)
+            await trio.sleep(0.1)
+        await trio.sleep(SETTLE + 0.05)
+        assert w.started and min(t for t, _ in w.started) >= t0 + 2.0  # after the burst
+        assert len(w.started) == 20 and s.yielded > 0
+
+        w.started.clear()
+        t1 = trio.current_time()
+        for i in range(100, 160):  # a burst longer than yield_to_saves (6 s)
+            w.files[i] = FakeFile(f"k{i}", size=1)
+            s.written(i)
+            await trio.sleep(0.1)
+        first = min(t for t, _ in w.started)
+        assert t1 + SETTLE + 3.0 <= first <= t1 + SETTLE + 3.0 + 0.1  # the oldest waited 3 s
+
+    run(test, yield_to_saves=3.0)
+
+
+def test_without_yield_files_go_while_the_save_runs() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        t0 = trio.current_time()
+        for i in range(1, 21):
+            w.files[i] = FakeFile(f"k{i}", size=1)
+            s.written(i)
+            await trio.sleep(0.1)
+        assert min(t for t, _ in w.started) <= t0 + SETTLE + 0.01
+        assert s.yielded == 0
+
+    run(test)
 
 
 def test_temporary_failures_back_off_and_permanent_ones_wait_and_log_once(
