@@ -314,10 +314,11 @@ class Journal:
                     await trio.to_thread.run_sync(first)
                 return
             if self._syncing is not None:
+                running = self._syncing
                 if first is not None:  # its own work now, while the other sync runs
                     await trio.to_thread.run_sync(first)
                     first = None
-                await self._syncing.wait()
+                await running.wait()  # (set already if it ended meanwhile)
                 continue
             covers = -1 if self.db.in_transaction else self.db.total_changes
             self._syncing = done = trio.Event()

@@ -6,6 +6,7 @@ fsync is never retried into a false success."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -122,6 +123,40 @@ def test_b_does_not_return_before_the_fsync_that_covers_its_commit(journal: Jour
 
     trio.run(main)
     assert order == ["a", "b after 2 fsyncs"]
+
+
+def test_work_run_first_may_outlast_the_barrier_it_waits_for(journal: Journal) -> None:
+    """An fsync's own cache-file sync runs while another's barrier is in flight; that
+    barrier may end first (concurrent fsyncs of several writers)."""
+    sync = GatedSync(journal)
+    done: list[str] = []
+
+    async def main() -> None:
+        commit(journal, 1)
+        sync.gate.clear()
+        async with trio.open_nursery() as n:
+
+            async def a() -> None:
+                await journal.barrier()
+                done.append("a")
+
+            async def b() -> None:
+                commit(journal, 2)
+
+                def slow_first() -> None:
+                    sync.gate.set()  # a's barrier ends while this still runs
+                    time.sleep(0.2)
+
+                await journal.barrier(first=slow_first)
+                done.append("b")
+
+            n.start_soon(a)
+            await trio.sleep(0.05)
+            n.start_soon(b)
+
+    trio.run(main)
+    assert sorted(done) == ["a", "b"] and len(sync.covered) == 2
+    assert not journal.unsynced()
 
 
 def test_a_failed_fsync_breaks_the_journal_for_good(journal: Journal) -> None:
