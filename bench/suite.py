@@ -59,7 +59,7 @@ import xxhash
 from bench import baseline, nfs
 from bench.procs import cpu_seconds, peak_rss
 from bench.results import save
-from bench.workloads import dcp_load, dcp_save, save_atomic, state_dict
+from bench.workloads import dcp_load, dcp_save, save_atomic, state_dict, write_small
 from ckptgw.fsops import passthrough
 from ckptgw.fsops.passthrough import DAEMON, PASSTHROUGH
 from ckptgw.gateway.harness import Gateway, exit_on_sigterm
@@ -91,6 +91,9 @@ TARGETS = {
     "drain CPU s/GiB": 1.00,
     "cold restore": 1.00,
     "cold restore (DCP)": 1.20,
+    "save stall (DCP)": 1.30,
+    "save stall (small files)": 1.30,
+    "durable from start": 1.00,
 }
 SAVE_CPU_LIMIT = 0.05  # daemon CPU seconds per GiB saved through the mount
 
@@ -112,6 +115,21 @@ class Row:
     @property
     def target(self) -> float | None:
         return TARGETS.get(self.metric, TARGETS.get(self.metric.split(" (")[0]))
+
+
+# ``ls -l``, ``du -s`` and ``rm -rf`` of a saved directory: sample keys "<op> disk|mount".
+DIR_OPS = ("ls -l disk", "ls -l mount", "du disk", "du mount", "rm -rf disk", "rm -rf mount")
+_DIR_COMMANDS = {"ls -l": ["ls", "-l"], "du": ["du", "-s"], "rm -rf": ["rm", "-rf"]}
+
+
+def dir_times(path: Path, side: str) -> dict[str, float]:
+    """Seconds of ``ls -l``, ``du -s`` and then ``rm -rf`` of ``path``, each a process."""
+    out = {}
+    for op, argv in _DIR_COMMANDS.items():
+        t0 = time.perf_counter()
+        subprocess.run([*argv, str(path)], check=True, stdout=subprocess.DEVNULL)
+        out[f"{op} {side}"] = time.perf_counter() - t0
+    return out
 
 
 def say(msg: str) -> None:
@@ -471,39 +489,64 @@ class Bench:
 
     # -- many files at once: a DCP save, several writer processes ----------------------------
 
-    def save_rounds(self, name: str, save: Callable[[Path], float]) -> tuple[dict[str, Any], int]:
+    def save_rounds(
+        self, name: str, save: Callable[[Path], float], dir_ops: bool = False
+    ) -> tuple[dict[str, Any], int]:
         """Runs of a save that writes many files into a directory (``save`` returns its
         seconds): to the disk, then boto3 uploads those files; to the mount, then until all of
-        them are in the bucket. The samples (without the warm-up) and the number of files."""
-        s: dict[str, list[float]] = {"disk": [], "mount": [], "durable": [], "boto3": []}
+        them are in the bucket. The sides go first in turn. With ``dir_ops``, ``ls -l``,
+        ``du -s`` and ``rm -rf`` of the saved directory are timed on both sides too (on the
+        mount once it is durable). The samples (without the warm-up) and the number of
+        files."""
+        keys = ("disk", "mount", "durable", "boto3") + (DIR_OPS if dir_ops else ())
+        s: dict[str, list[float]] = {k: [] for k in keys}
         n = 0
         with self.node() as gw:
             for i in range(self.runs + 1):  # the first round warms both up and is not counted
-                d = self.disk / f"{name}_{i}"
-                t_disk = save(d)
-                files = {f"boto3/{name}_{i}/{p.name}": p for p in d.iterdir()}
-                n = len(files)
-                up = self.boto3("upload", files)
-                shutil.rmtree(d)
-                m = gw.mountpoint / name / f"step_{i}"
-                t_mount = save(m)
-                t0 = time.perf_counter()
-                self.wait_in_bucket(
-                    {f"gw/{name}/step_{i}/{p.name}": p.stat().st_size for p in m.iterdir()}
+                got: dict[str, float] = {}
+                sides = (
+                    functools.partial(self._disk_side, name, i, save, dir_ops),
+                    functools.partial(self._mount_side, gw, name, i, save, dir_ops),
                 )
-                t_durable = time.perf_counter() - t0
+                for side in sides if i % 2 else sides[::-1]:
+                    got.update(side())
+                n = int(got.pop("files"))
                 say(
                     f"  run {i}{' (warm-up)' if not i else ''}: {n} files, save disk "
-                    f"{t_disk:6.2f} s, mount {t_mount:6.2f} s; durable after {t_durable:6.2f} s, "
-                    f"boto3 upload {up['seconds']:6.2f} s"
+                    f"{got['disk']:6.2f} s, mount {got['mount']:6.2f} s; durable after "
+                    f"{got['durable']:6.2f} s, boto3 upload {got['boto3']:6.2f} s"
+                    + "".join(f"; {k} {got[k]:.2f} s" for k in keys[4:])
                 )
                 if i:
-                    for k, v in zip(s, (t_disk, t_mount, t_durable, up["seconds"]), strict=True):
-                        s[k].append(v)
-                shutil.rmtree(m)
-                self.delete("boto3/")
+                    for k in keys:
+                        s[k].append(got[k])
         self.delete(f"gw/{name}/")
         return s, n
+
+    def _disk_side(
+        self, name: str, i: int, save: Callable[[Path], float], dir_ops: bool
+    ) -> dict[str, float]:
+        d = self.disk / f"{name}_{i}"
+        got = {"disk": save(d)}
+        files = {f"boto3/{name}_{i}/{p.name}": p for p in d.iterdir()}
+        got["files"] = len(files)
+        got["boto3"] = self.boto3("upload", files)["seconds"]
+        got.update(dir_times(d, "disk") if dir_ops else {})
+        shutil.rmtree(d, ignore_errors=True)
+        self.delete("boto3/")
+        return got
+
+    def _mount_side(
+        self, gw: Gateway, name: str, i: int, save: Callable[[Path], float], dir_ops: bool
+    ) -> dict[str, float]:
+        m = gw.mountpoint / name / f"step_{i}"
+        got = {"mount": save(m)}
+        t0 = time.perf_counter()
+        self.wait_in_bucket({f"gw/{name}/step_{i}/{p.name}": p.stat().st_size for p in m.iterdir()})
+        got["durable"] = time.perf_counter() - t0
+        got.update(dir_times(m, "mount") if dir_ops else {})
+        shutil.rmtree(m, ignore_errors=True)
+        return got
 
     def add_files_rows(self, what: str, x: str, s: dict[str, list[float]]) -> None:
         med = {k: statistics.median(v) for k, v in s.items()}
@@ -511,15 +554,44 @@ class Bench:
             Row(f"save stall ({what})", x, "disk", med["disk"], med["mount"], "s"),
             Row(f"time to durable ({what})", x, "boto3 upload", med["boto3"], med["durable"], "s"),
         )
+        if what == "writers":
+            return
+        starts = [d + b for d, b in zip(s["disk"], s["boto3"], strict=True)]
+        ends = [m + d for m, d in zip(s["mount"], s["durable"], strict=True)]
+        self.add(
+            Row(
+                f"durable from start ({what})",
+                x,
+                "disk save + boto3",
+                statistics.median(starts),
+                statistics.median(ends),
+                "s",
+            )
+        )
+        for op in DIR_OPS[::2]:
+            if f"{op} disk" in s:
+                self.add(
+                    Row(f"{op} ({what})", x, "disk", med[f"{op} disk"], med[f"{op} mount"], "s")
+                )
 
     def many_files(self, total: int, tensors: int) -> None:
         say(f"\n## DCP save, {tensors} tensors ({mib(total)}): one file per tensor")
         sd = {f"t{i}": torch.randn(total // 4 // tensors) for i in range(tensors)}
         s, n = self.save_rounds(
-            "dcp", lambda target: timed(functools.partial(dcp_save, sd, target))
+            f"dcp{tensors}",
+            lambda target: timed(functools.partial(dcp_save, sd, target)),
+            dir_ops=tensors >= 2000,
         )
-        self.samples[f"dcp {self.path}"] = {"files": n, "bytes": total, "samples": s}
+        self.samples[f"dcp {tensors} {self.path}"] = {"files": n, "bytes": total, "samples": s}
         self.add_files_rows("DCP", f"{n} files", s)
+
+    def small_files(self, count: int, size: int) -> None:
+        say(f"\n## {count} files of {size >> 10} KiB, each written and fsynced")
+        s, n = self.save_rounds(
+            "small", lambda target: timed(functools.partial(write_small, target, count, size))
+        )
+        self.samples[f"small {self.path}"] = {"files": n, "bytes": count * size, "samples": s}
+        self.add_files_rows("small files", f"{n}x{size >> 10}KiB", s)
 
     def writers(self, n: int, shard: int) -> None:
         say(f"\n## {n} writer process(es), {mib(shard)} each, saving at once")
@@ -626,7 +698,15 @@ def main() -> None:
     ap.add_argument("--writers", default="1,2,4,8", help="writer process counts")
     ap.add_argument("--shard-mib", type=int, default=256, help="each writer's shard")
     ap.add_argument("--dcp-mib", type=int, default=256)
-    ap.add_argument("--dcp-tensors", type=int, default=512)
+    ap.add_argument("--dcp-tensors", type=int, default=512, help="the DCP load's checkpoint")
+    ap.add_argument(
+        "--dcp-files",
+        default="512,2000",
+        help="DCP saves of these many tensors (one file each); 2,000 and more also time "
+        "ls -l, du and rm -rf of the checkpoint",
+    )
+    ap.add_argument("--small-files", type=int, default=10_000, help="0: no small-files section")
+    ap.add_argument("--small-kib", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument(
         "--restore-sizes",
@@ -687,14 +767,24 @@ def main() -> None:
                 )
             )
         if "files" in only:
-            sections.append(
-                (
-                    path,
-                    functools.partial(
-                        Bench.many_files, total=args.dcp_mib << 20, tensors=args.dcp_tensors
-                    ),
+            for tensors in (int(x) for x in args.dcp_files.split(",")):
+                sections.append(
+                    (
+                        path,
+                        functools.partial(
+                            Bench.many_files, total=args.dcp_mib << 20, tensors=tensors
+                        ),
+                    )
                 )
-            )
+            if args.small_files:
+                sections.append(
+                    (
+                        path,
+                        functools.partial(
+                            Bench.small_files, count=args.small_files, size=args.small_kib << 10
+                        ),
+                    )
+                )
         if "writers" in only:
             for n in (int(x) for x in args.writers.split(",")):
                 sections.append(

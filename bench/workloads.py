@@ -58,6 +58,22 @@ def dcp_save(state: dict[str, object], path: Path) -> int:
     return len(files)
 
 
+def write_small(path: Path, count: int, size: int) -> int:
+    """``count`` files of ``size`` bytes, each written and fsynced (a tokenizer's or a
+    metadata-heavy checkpoint's many small files), then the directory; the number of files."""
+    path.mkdir(parents=True)
+    data = os.urandom(size)
+    for i in range(count):
+        fd = os.open(path / f"part_{i:05}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_path(path, os.O_RDONLY | os.O_DIRECTORY)
+    return count
+
+
 def dcp_load(state: dict[str, object], path: Path) -> None:
     """A torch.distributed.checkpoint load into ``state`` (tensors of the saved shapes)."""
     import torch.distributed.checkpoint as dcp

@@ -139,7 +139,11 @@ class InodeTable:
 
     def persist(self, ino: Inode) -> None:
         """Write size, times, mode and owner (never the state: see :mod:`fsops.state`)."""
-        self.journal.update_attrs(ino)
+        if ino.attrs_dirty:
+            self.journal.update_attrs(ino)
+        else:
+            with self.journal.lazily():  # only the atime: no barrier needs to wait for it
+                self.journal.update_attrs(ino)
         ino.attrs_dirty = ino.atime_dirty = False
 
     def persist_all(self) -> None:

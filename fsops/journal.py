@@ -290,6 +290,15 @@ class Journal:
             raise
         self.db.execute("COMMIT")
 
+    @contextlib.contextmanager
+    def lazily(self) -> Iterator[None]:
+        """Commits whose loss in a crash is harmless (an open's atime): they ask for no
+        barrier of their own, and the next barrier makes them durable with the rest."""
+        synced = self._durable >= self.db.total_changes
+        yield
+        if synced and not self.db.in_transaction:
+            self._durable = self.db.total_changes
+
     def unsynced(self) -> bool:
         """Whether a commit was made since the last barrier began."""
         return self.db.total_changes > self._durable

@@ -66,6 +66,25 @@ def test_a_barrier_with_nothing_new_does_no_fsync_but_runs_first(journal: Journa
     assert len(sync.covered) == 1 and ran == [1, 2]
 
 
+def test_lazy_commits_ask_for_no_barrier_and_ride_with_the_next(journal: Journal) -> None:
+    sync = GatedSync(journal)
+
+    async def main() -> None:
+        with journal.lazily():
+            commit(journal, 1)
+        assert not journal.unsynced()
+        await journal.barrier()
+        assert sync.covered == []
+        commit(journal, 2)
+        with journal.lazily():  # something is pending already: it stays pending
+            commit(journal, 3)
+        assert journal.unsynced()
+        await journal.barrier()
+        assert sync.covered == [journal.db.total_changes]
+
+    trio.run(main)
+
+
 def test_commits_during_a_barrier_get_one_more_fsync_shared_by_all_who_waited(
     journal: Journal,
 ) -> None:
