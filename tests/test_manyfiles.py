@@ -44,9 +44,7 @@ def delta(before: dict[str, Any], after: dict[str, Any], part: str) -> dict[str,
     return {k: a[k] - b.get(k, 0) for k in a if a[k] != b.get(k, 0)}
 
 
-def test_what_one_small_file_costs(
-    gateway: GatewayFactory, tmp_path: Path, data_path: str
-) -> None:
+def test_what_one_small_file_costs(gateway: GatewayFactory, tmp_path: Path, data_path: str) -> None:
     gw = quiet_gateway(gateway, tmp_path)
     d = gw.mountpoint / "step_1"
     d.mkdir()
@@ -72,7 +70,8 @@ def test_what_one_small_file_costs(
     writes = n if data_path == DAEMON else 0
     assert req.get("write", 0) == writes, req
     assert req.get("setattr", 0) <= writes, req
-    assert sum(req.values()) <= 7 * n + 2 * writes, " ".join(f"{k}={v}" for k, v in sorted(req.items()))
+    seen = " ".join(f"{k}={v}" for k, v in sorted(req.items()))
+    assert sum(req.values()) <= 7 * n + 2 * writes, seen
     # Each fsync: one fsync of its cache file, one journal barrier (the create is journaled),
     # and the directory entry only where the cache filesystem needs it.
     entries = 0 if fs_type(gw.cache_dir) in ENTRY_DURABLE_WITH_FILE else n
