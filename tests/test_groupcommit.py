@@ -116,24 +116,25 @@ def test_commits_during_a_barrier_get_one_more_fsync_shared_by_all_who_waited(
     assert not journal.unsynced()
 
 
-def test_b_does_not_return_before_the_fsync_that_covers_its_commit(journal: Journal) -> None:
-    sync = GatedSync(journal)
+def a_then_b(journal: Journal, sync: GatedSync, first: Callable[[], object] | None) -> list[str]:
+    """Barrier a runs (held) covering commit 1; then b commits 2 and asks for a barrier,
+    with ``first`` run on its behalf; the gate opens. What returned, in order, and after how
+    many fsyncs."""
     order: list[str] = []
+
+    async def a() -> None:
+        await journal.barrier()
+        order.append(f"a after {len(sync.covered)}")
+
+    async def b() -> None:
+        commit(journal, 2)
+        await journal.barrier(first=first)
+        order.append(f"b after {len(sync.covered)}")
 
     async def main() -> None:
         commit(journal, 1)
         sync.gate.clear()
         async with trio.open_nursery() as n:
-
-            async def a() -> None:
-                await journal.barrier()
-                order.append("a")
-
-            async def b() -> None:
-                commit(journal, 2)
-                await journal.barrier()
-                order.append(f"b after {len(sync.covered)} fsyncs")
-
             n.start_soon(a)
             await trio.sleep(0.05)
             n.start_soon(b)
@@ -141,40 +142,25 @@ def test_b_does_not_return_before_the_fsync_that_covers_its_commit(journal: Jour
             sync.gate.set()
 
     trio.run(main)
-    assert order == ["a", "b after 2 fsyncs"]
+    return order
+
+
+def test_b_does_not_return_before_the_fsync_that_covers_its_commit(journal: Journal) -> None:
+    sync = GatedSync(journal)
+    assert a_then_b(journal, sync, None) == ["a after 1", "b after 2"]
+    assert not journal.unsynced()
 
 
 def test_work_run_first_may_outlast_the_barrier_it_waits_for(journal: Journal) -> None:
     """An fsync's own cache-file sync runs while another's barrier is in flight; that
     barrier may end first (concurrent fsyncs of several writers)."""
     sync = GatedSync(journal)
-    done: list[str] = []
 
-    async def main() -> None:
-        commit(journal, 1)
-        sync.gate.clear()
-        async with trio.open_nursery() as n:
+    def slow_first() -> None:
+        sync.gate.set()  # a's barrier ends while this still runs
+        time.sleep(0.2)
 
-            async def a() -> None:
-                await journal.barrier()
-                done.append("a")
-
-            async def b() -> None:
-                commit(journal, 2)
-
-                def slow_first() -> None:
-                    sync.gate.set()  # a's barrier ends while this still runs
-                    time.sleep(0.2)
-
-                await journal.barrier(first=slow_first)
-                done.append("b")
-
-            n.start_soon(a)
-            await trio.sleep(0.05)
-            n.start_soon(b)
-
-    trio.run(main)
-    assert sorted(done) == ["a", "b"] and len(sync.covered) == 2
+    assert a_then_b(journal, sync, slow_first) == ["a after 1", "b after 2"]
     assert not journal.unsynced()
 
 
