@@ -258,11 +258,11 @@ class Scheduler:
         return inode not in self._urgent, -mtime
 
     def _start_due(self, nursery: trio.Nursery, worker: Worker) -> None:
-        max_files = self.config.max_files
-        if self.emergency is not None:
-            max_files = max(max_files, self.config.emergency_files)
-        max_small = self.config.max_small
+        max_files, max_small = self.config.max_files, self.config.max_small
         big = len(self._running) - self._small
+        if self.emergency is not None:  # one lane, newest first: the order is kept
+            max_files, max_small = max(max_files, self.config.emergency_files), 0
+            big = len(self._running)
         if big >= max_files and self._small >= max_small:
             return
         now = trio.current_time()
@@ -284,7 +284,7 @@ class Scheduler:
                 continue
             if not isinstance(look, Ready):
                 continue  # syncing: the end of the fsync reports it again
-            small = look.size <= SMALL_FILE
+            small = look.size <= SMALL_FILE and self.emergency is None
             if (big >= max_files, self._small >= max_small)[small]:
                 continue
             if pending is None:

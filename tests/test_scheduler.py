@@ -364,12 +364,15 @@ def test_a_flush_of_everything_asks_the_worker_what_is_dirty() -> None:
     run(test)
 
 
+@pytest.mark.parametrize("size", [1, 64 << 20])
 def test_the_emergency_drain_goes_newest_first_at_full_concurrency(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, size: int
 ) -> None:
+    """Small files too: in an emergency there is one lane, so the order holds."""
+
     async def test(s: Scheduler, w: FakeWorker) -> None:
         for i in range(1, 7):
-            w.files[i] = FakeFile(f"k{i}", mtime_ns=i * 1000)
+            w.files[i] = FakeFile(f"k{i}", mtime_ns=i * 1000, size=size)
             w.script[i] = ["wait"]
         s.start_emergency("SIGTERM")
         await trio.sleep(0.01)
