@@ -568,7 +568,7 @@ class Bench:
                 "s",
             )
         )
-        for op in DIR_OPS[::2]:
+        for op in _DIR_COMMANDS:
             if f"{op} disk" in s:
                 self.add(
                     Row(f"{op} ({what})", x, "disk", med[f"{op} disk"], med[f"{op} mount"], "s")
