@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 
 SMALL_FILE = 4 << 20  # up to this size a file takes the small files' lane
+# With one lane full, due files are looked at for the other lane up to this many: a burst of
+# thousands of small files does not cost a look at each of them every time one ends.
+SCAN = 32
 
 
 @dataclass(frozen=True)
@@ -270,8 +273,9 @@ class Scheduler:
         busy = {r.key for r in self._running.values()}
         pending: set[str] | None = None
         later: list[tuple[bool, float, int, int]] = []  # not started now: back in the queue
+        passed = 0  # due files passed over because their lane is full
         for inode in self._candidates(worker, now, later):
-            if big >= max_files and self._small >= max_small:
+            if (big >= max_files and self._small >= max_small) or passed > SCAN:
                 break
             if inode in self._running:
                 continue  # written again during its upload: after it ends
@@ -286,6 +290,7 @@ class Scheduler:
                 continue  # syncing: the end of the fsync reports it again
             small = look.size <= SMALL_FILE and self.emergency is None
             if (big >= max_files, self._small >= max_small)[small]:
+                passed += 1
                 continue
             if pending is None:
                 pending = worker.busy_keys()

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from ckptgw.drain.scheduler import SMALL_FILE, Hold, Ready, ScheduleConfig, Scheduler
+from ckptgw.drain.scheduler import SCAN, SMALL_FILE, Hold, Ready, ScheduleConfig, Scheduler
 from ckptgw.drain.store import StoreError
 
 SETTLE = 0.2
@@ -38,8 +38,10 @@ class FakeWorker:
     script: dict[int, list[object]] = field(default_factory=dict)
     gates: dict[int, trio.Event] = field(default_factory=dict)
     cancelled: list[int] = field(default_factory=list)
+    looks: int = 0
 
     def look(self, inode: int) -> Ready | Hold:
+        self.looks += 1
         f = self.files.get(inode)
         if f is None or not f.dirty:
             return Hold.GONE
@@ -247,6 +249,27 @@ def test_small_files_have_a_lane_of_their_own() -> None:
         assert len(set(s.uploading()) - {1, 2, 3}) == 5 and len(w.started) == 8
 
     run(test, max_files=2, max_small=5)
+
+
+def test_a_full_lane_does_not_make_every_due_file_looked_at_again() -> None:
+    """Hundreds of small files due, their lane full: each end of an upload looks at a
+    bounded number of them, not at all of them (which made a 2,000-file drain quadratic)."""
+
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        for i in range(1, 301):
+            w.files[i] = FakeFile(f"k{i}", size=1)
+            w.script[i] = ["wait"]
+            s.written(i)
+        await trio.sleep(1)
+        assert len(s.uploading()) == 4
+        before = w.looks
+        for _ in range(20):
+            w.release(min(s.uploading()))
+            await trio.sleep(0.01)
+        assert len(w.started) == 24
+        assert w.looks - before <= 20 * (SCAN + 3), w.looks - before
+
+    run(test, max_files=2, max_small=4)
 
 
 def test_due_files_wait_for_a_save_in_progress_but_not_forever() -> None:
