@@ -239,16 +239,23 @@ class Scheduler:
             while True:
                 self._start_due(nursery, worker)
                 self._wake = trio.Event()
-                wake = max(self._next_due(), self._hold_until)
-                delay = max(0.01, min(wake - trio.current_time(), 60.0))
+                now = trio.current_time()
+                hold = self._hold_until if self._hold_until > -math.inf else math.inf
+                wake = min(self._next_due(now), hold)
+                delay = max(0.01, min(wake - now, 60.0))
                 self._sleep_until = trio.current_time() + delay
                 with trio.move_on_after(delay):
                     await self._wake.wait()
                 self._sleep_until = -math.inf  # awake: every change is seen by the next look
 
-    def _next_due(self) -> float:
-        while self._times and self._due.get(self._times[0][1]) != self._times[0][0]:
-            heapq.heappop(self._times)  # stale: rescheduled or gone since
+    def _next_due(self, now: float) -> float:
+        """When a file becomes due next. Files due already and not started (their lane or
+        key busy, an fsync running) need no timer: the end of an upload, a store operation
+        or an fsync wakes the loop."""
+        while self._times and (
+            self._times[0][0] <= now or self._due.get(self._times[0][1]) != self._times[0][0]
+        ):
+            heapq.heappop(self._times)  # due already, or rescheduled or gone since
         return self._times[0][0] if self._times else math.inf
 
     def _order(self, worker: Worker, inode: int, due: float) -> tuple[bool, float]:
@@ -334,10 +341,10 @@ class Scheduler:
         """Whether a file due since ``due`` waits for a save in progress (files are still
         being finished one after another) for now; if so, the loop looks again when the
         save may have ended or the file has waited long enough."""
-        wait = self.config.yield_to_saves
-        if wait <= 0 or now - self._last_written >= self.config.settle or now - due >= wait:
+        wait, end = self.config.yield_to_saves, self._last_written + self.config.settle
+        if wait <= 0 or end <= now or due + wait <= now:
             return False
-        self._hold_until = min(self._last_written + self.config.settle, due + wait)
+        self._hold_until = min(end, due + wait)  # later than now
         self.yielded += 1
         return True
 
