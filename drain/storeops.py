@@ -12,20 +12,29 @@ whose source is gone counts as done if its destination exists (a crash after the
 otherwise the object was deleted by someone else, and the entry is uploaded again from this
 node (:meth:`FileStates.lost`). Failures wait and are retried (a flush retries at once);
 the filesystem never waits for them.
+
+A burst of operations (an ``rm -rf`` of a checkpoint) gathers until none came for ``settle``
+seconds (at most GATHER), and a run of deletes goes as one DeleteObjects request per 1,000
+keys.
 """
 
 from __future__ import annotations
 
 import logging
 
+import trio
+
 from ckptgw.drain.retry import RetryStats
-from ckptgw.drain.scheduler import Scheduler
+from ckptgw.drain.scheduler import Scheduler, Signal
 from ckptgw.drain.store import NotFound, Store, StoreError
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import State, StoreOp
 from ckptgw.fsops.objectmeta import encode, updated
 
 log = logging.getLogger(__name__)
+
+DELETE_BATCH = 1000  # keys in one DeleteObjects request (S3's limit)
+GATHER = 2.0  # seconds a burst of operations may gather before they are carried out
 
 
 class StoreOps:
@@ -56,16 +65,44 @@ class StoreOps:
                 await wanted.wait(wanted.version, delay)  # a flush retries at once
                 continue
             await wanted.wait(seen)
+            await self._quiet(wanted)
+
+    async def _quiet(self, wanted: Signal) -> None:
+        """Let a burst of operations (an ``rm -rf``) be journaled before they are carried
+        out, so its deletes go in batches: until none came for ``settle`` seconds, for at
+        most GATHER seconds."""
+        deadline = trio.current_time() + GATHER
+        while (now := trio.current_time()) < deadline:
+            seen = wanted.version
+            await wanted.wait(seen, min(self.scheduler.config.settle, deadline - now))
+            if wanted.version == seen:
+                return
 
     async def _run_all(self) -> None:
         while ops := self.journal.store_ops():
-            for op in ops:
-                await self.scheduler.key_free(op.src)  # an upload still writes src
-                if op.dst is not None:
-                    await self.scheduler.key_free(op.dst)  # or dst: the move must land last
-                await self._apply(op)
-                self.fs.keys.done(op)
+            i = 0
+            while i < len(ops):
+                # A run of deletes (rm -rf of a checkpoint) is one DeleteObjects request per
+                # 1,000 keys; every other operation goes alone, in journal order.
+                n = 1
+                while (
+                    n < DELETE_BATCH
+                    and i + n < len(ops)
+                    and ops[i].kind == "delete" == ops[i + n].kind
+                ):
+                    n += 1
+                batch = ops[i : i + n]
+                for op in batch:
+                    await self.scheduler.key_free(op.src)  # an upload still writes src
+                    if op.dst is not None:
+                        await self.scheduler.key_free(op.dst)  # or dst: the move must land last
+                if n > 1:
+                    await self.store.delete_many([op.src for op in batch])
+                else:
+                    await self._apply(batch[0])
+                self.fs.keys.done(*batch)
                 self.scheduler.wake()  # uploads waiting for these keys may start
+                i += n
 
     async def _apply(self, op: StoreOp) -> None:
         if op.kind == "delete":

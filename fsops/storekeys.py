@@ -75,16 +75,19 @@ class StoreKeys:
 
     # -- journaled store operations ------------------------------------------------------------
 
-    def done(self, op: StoreOp) -> None:
-        """A store operation is carried out: forget it, and wake whoever waits for its keys."""
+    def done(self, *ops: StoreOp) -> None:
+        """Store operations are carried out: forget them (one transaction), and wake whoever
+        waits for their keys."""
         with self.journal.transaction():
-            self.journal.done_store_op(op.id)
-        if op.kind == "meta":
-            self.note_stored(op.src)
-        else:
-            self.note_removed(op.src)
-        if op.dst is not None:
-            self.note_stored(op.dst)
+            for op in ops:
+                self.journal.done_store_op(op.id)
+        for op in ops:
+            if op.kind == "meta":
+                self.note_stored(op.src)
+            else:
+                self.note_removed(op.src)
+            if op.dst is not None:
+                self.note_stored(op.dst)
         self._op_done.set()
         self._op_done = trio.Event()
 

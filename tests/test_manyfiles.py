@@ -9,8 +9,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import random
+import shutil
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,9 @@ import xxhash
 from ckptgw.fsops.cache import ENTRY_DURABLE_WITH_FILE, fs_type
 from ckptgw.fsops.passthrough import DAEMON
 from tests.conftest import CheckedGateway, GatewayFactory, any_data_path, needs_fuse
+from tests.test_drain import wait_for
+from tests.test_operate import SLOW, S3Setup, s3_gateway
+from tests.test_readthrough import write_toml
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 
@@ -224,3 +229,31 @@ def test_kill9_under_many_small_fsyncs_loses_nothing_acknowledged(
                     assert got == digest, f"{path} differs after crash {rnd}"
                     checked += 1
     assert checked > 100, "the writers acknowledged too little to test anything"
+
+
+@pytest.fixture
+def s3(s3_endpoint: str, bucket: str) -> Iterator[S3Setup]:
+    setup = S3Setup(s3_endpoint, bucket)
+    yield setup
+    setup.proxy.close()
+
+
+@any_data_path
+def test_rm_rf_of_a_durable_checkpoint_deletes_its_objects_in_one_request(
+    gateway: GatewayFactory, s3: S3Setup, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    gw = s3_gateway(gateway, s3, write_toml(tmp_path / "c.toml", {"drain": SLOW}))
+    d = gw.mountpoint / "run" / "step_5"
+    d.mkdir(parents=True)
+    for i in range(60):
+        (d / f"__{i}_0.distcp").write_bytes(os.urandom(100 + i))
+    gw.cli("wait", str(d), "--timeout", "120")
+    assert len([k for k in s3.keys if k.startswith("run/step_5/")]) == 61  # and the marker
+    seen = len(s3.proxy.log)
+    shutil.rmtree(d)
+    wait_for("the objects to go", lambda: not any(k.startswith("run/step_5") for k in s3.keys))
+    requests = [(m, p) for m, p, _ in s3.proxy.log[seen:]]
+    assert not [p for m, p in requests if m == "DELETE"], requests  # no DELETE per object
+    batches = [p for m, p in requests if m == "POST" and "delete" in p]
+    assert len(batches) == 1, requests
+    assert gw.status()["queue"]["store_ops"] == 0
