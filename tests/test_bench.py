@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,26 @@ ROOT = Path(__file__).resolve().parent.parent
 ONE_PATH = PASSTHROUGH if passthrough.unavailable(True) is None else DAEMON
 
 
+def leave_nothing_behind(proc: subprocess.Popen[str], tmp_path: Path) -> None:
+    """The suite cut short (the test's timeout): SIGTERM lets it unmount and stop its moto
+    server; whatever is still there after that (daemons run in sessions of their own) is
+    killed and lazily unmounted."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    subprocess.run(["pkill", "-9", "-f", str(tmp_path)], check=False)
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        where = line.split()[1]
+        if where.startswith(str(tmp_path)):
+            subprocess.run(["fusermount3", "-u", "-z", where], check=False)
+
+
 def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
-    r = subprocess.run(
+    proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -60,12 +79,16 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
             str(tmp_path / "out"),
         ],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
-        check=False,
+        start_new_session=True,
     )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        leave_nothing_behind(proc, tmp_path)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     doc = json.loads((tmp_path / "out/suite.json").read_text())
     paths = doc["settings"]["paths"]
     assert paths == [ONE_PATH]  # every path runs the same bench code: the suite's time on one
@@ -102,7 +125,7 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
         for metric in ("write + fsync (mount)", "write + fsync (NFS)", "write + fsync (NFS/mount)"):
             each.add((metric, "2x8 MiB"))
     else:
-        assert "no NFS section here" in r.stdout
+        assert "no NFS section here" in stdout
     got = {(row["metric"], row["x"], row["path"]) for row in doc["rows"]}
     assert got == {(m, x, p) for p in paths for m, x in each}
     for row in doc["rows"]:
@@ -111,6 +134,6 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
     assert doc["machine"]["cpus"] >= 1 and doc["settings"]["runs"] == 1
     for png in ("suite_size.png", "suite_writers.png"):
         assert (tmp_path / "out" / png).read_bytes()[:4] == b"\x89PNG"
-    assert "gateway / limit measured in this run" in r.stdout
+    assert "gateway / limit measured in this run" in stdout
     assert str(tmp_path) not in Path("/proc/self/mounts").read_text()
     assert not list(tmp_path.glob("ckptgw-bench-*")), "the work dir was not removed"
