@@ -158,7 +158,7 @@ class Scheduler:
         self._due[inode] = due
         heapq.heappush(self._queue, (inode not in self._urgent, due, next(self._seq), inode))
         heapq.heappush(self._times, (due, inode))
-        if due < self._sleep_until or inode in self._urgent:
+        if due < self._sleep_until or inode in self._urgent or self.emergency is not None:
             self._wake.set()  # otherwise the loop wakes up in time by itself
 
     def written(self, inode: int) -> None:

@@ -86,7 +86,7 @@ def run(test: Callable[[Scheduler, FakeWorker], Awaitable[None]], **cfg: object)
     """Run ``test`` with a scheduler on a fake clock that jumps when everything waits."""
 
     async def main() -> None:
-        scheduler = Scheduler(ScheduleConfig(settle=SETTLE, **cfg))  # type: ignore[arg-type]
+        scheduler = Scheduler(ScheduleConfig(**{"settle": SETTLE, **cfg}))  # type: ignore[arg-type]
         worker = FakeWorker()
         async with trio.open_nursery() as nursery:
             await nursery.start(scheduler.run, worker)
@@ -411,6 +411,19 @@ def test_the_emergency_drain_goes_newest_first_at_full_concurrency(
     with caplog.at_level(logging.WARNING, logger="ckptgw.drain.scheduler"):
         run(test, max_files=1, emergency_files=4)
     assert "emergency drain (SIGTERM)" in caplog.text
+
+
+def test_a_file_written_during_the_emergency_starts_at_once_whatever_the_settle() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        s.start_emergency("preemption")
+        await trio.sleep(1)
+        t0 = trio.current_time()
+        w.files[1] = FakeFile("last.pt", size=5)
+        s.written(1)
+        await trio.sleep(0.02)
+        assert starts(w, 1) and starts(w, 1)[0] - t0 < 0.02
+
+    run(test, settle=600.0)
 
 
 def test_key_free_waits_for_the_upload_of_that_key() -> None:
