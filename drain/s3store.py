@@ -9,6 +9,14 @@ loop although it could. Cancellation from trio cancels the asyncio task.
 * Request bodies are :class:`ChunkedBody`: httpx streams them in 1 MiB chunks. A ``bytes`` or
   ``BytesIO`` body would be iterated by lines: 4 MB/s and ~200 CPU s per GiB, measured.
 * botocore's own retries are off (one attempt per call); :mod:`drain.retry` is the one place.
+* Every PUT and every part carries its CRC32 (``x-amz-checksum-crc32``), so the store checks
+  the bytes it received (a mismatch is ``BadDigest``, retried: the bytes go again), and a
+  multipart upload is made with ``ChecksumAlgorithm=CRC32``: the object's checksum is then
+  the CRC32 of its parts' CRC32s (S3's COMPOSITE type). boto3 does the same by default. An
+  upload that names no algorithm makes the store compute a full-object checksum at
+  CompleteMultipartUpload (S3 defaults to CRC64NVME); moto does that in Python over a copy
+  of the whole object, which made our 1 GiB completes 2-3x slower than boto3's (11 s vs 4-5 s).
+  The CRC is computed on a worker thread for a body over ``INLINE_CRC``.
 * Every exception leaves this module as a classified :class:`StoreError`. Messages name the
   operation, the key and the server's error code, never credentials.
 * Credentials: the standard chain (environment, profile, instance metadata); ``AWS_CA_BUNDLE``
@@ -18,12 +26,14 @@ loop although it could. Cancellation from trio cancels the asyncio task.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import datetime
 import email.utils
 import os
 import threading
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -53,6 +63,7 @@ from ckptgw.drain.store import (
 from ckptgw.drain.storeurl import StoreURL
 
 CHUNK = 1 << 20
+INLINE_CRC = 1 << 20  # bodies up to this size have their CRC32 computed on the caller's thread
 CANCEL_WAIT = 5.0  # seconds a cancelled request may take to end on the asyncio side
 
 _TEMPORARY_CODES = {
@@ -64,6 +75,7 @@ _TEMPORARY_CODES = {
     "ServiceUnavailable",
     "RequestTimeTooSkewed",
     "OperationAborted",
+    "BadDigest",  # the bytes that arrived do not match their CRC32: damaged on the way
     "503",
     "500",
 }
@@ -168,6 +180,15 @@ def _pwritev_all(fd: int, buffers: list[bytes], offset: int) -> int:
     return total
 
 
+async def crc32_of(data: bytes) -> str:
+    """The base64 of the big-endian CRC32 of ``data``, as ``x-amz-checksum-crc32`` wants it."""
+    if len(data) <= INLINE_CRC:
+        crc = zlib.crc32(data)
+    else:  # zlib releases the GIL: 16 MiB is about 4 ms of a core
+        crc = await trio.to_thread.run_sync(zlib.crc32, data)
+    return base64.b64encode(crc.to_bytes(4, "big")).decode()
+
+
 def _listed(o: dict[str, Any]) -> ObjectInfo:
     return ObjectInfo(
         str(o["Key"]), int(o["Size"]), str(o["ETag"]), mtime=_timestamp(o.get("LastModified"))
@@ -248,6 +269,10 @@ class S3Store(Store):
         self.bucket = url.bucket
         self._client = client
         self._loop = loop
+        # Uploads made with CRC32 checksums: upload id -> part number -> its CRC32, for the
+        # complete, which must repeat them. Filled by upload_part, copy_part and list_parts
+        # (a resumed upload); an upload whose checksums are unknown here sends none.
+        self._crcs: dict[str, dict[int, str]] = {}
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -335,6 +360,7 @@ class S3Store(Store):
             Key=key,
             Body=ChunkedBody(data),
             ContentLength=len(data),
+            ChecksumCRC32=await crc32_of(data),
             Metadata=metadata,
         )
         return str(r["ETag"])
@@ -507,7 +533,11 @@ class S3Store(Store):
         if etag is not None:
             kwargs["CopySourceIfMatch"] = etag
         r = await self._call(f"COPY part {number} {src} -> {dst}", "upload_part_copy", **kwargs)
-        return str(r["CopyPartResult"]["ETag"])
+        result = r["CopyPartResult"]
+        crcs = self._crcs.get(upload_id)
+        if crcs is not None and result.get("ChecksumCRC32"):  # the store computed it
+            crcs[number] = str(result["ChecksumCRC32"])
+        return str(result["ETag"])
 
     async def iter_objects(self, prefix: str) -> AsyncIterator[ObjectInfo]:
         token: str | None = None
@@ -542,11 +572,21 @@ class S3Store(Store):
         if is_marker(key):
             raise marker_error(key, f"CREATE-MULTIPART {key}")
         r = await self._call(
-            f"CREATE-MULTIPART {key}", "create_multipart_upload", Key=key, Metadata=metadata
+            f"CREATE-MULTIPART {key}",
+            "create_multipart_upload",
+            Key=key,
+            Metadata=metadata,
+            ChecksumAlgorithm="CRC32",
         )
-        return str(r["UploadId"])
+        upload_id = str(r["UploadId"])
+        self._crcs[upload_id] = {}
+        return upload_id
 
     async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+        kwargs: dict[str, Any] = {}
+        crcs = self._crcs.get(upload_id)
+        if crcs is not None:
+            kwargs["ChecksumCRC32"] = crc = await crc32_of(data)
         r = await self._call(
             f"PART {number} of {key}",
             "upload_part",
@@ -555,11 +595,15 @@ class S3Store(Store):
             PartNumber=number,
             Body=ChunkedBody(data),
             ContentLength=len(data),
+            **kwargs,
         )
+        if crcs is not None:
+            crcs[number] = crc
         return str(r["ETag"])
 
     async def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
         parts: dict[int, str] = {}
+        crcs: dict[int, str] = {}
         marker = 0
         while True:
             r = await self._call(
@@ -571,25 +615,36 @@ class S3Store(Store):
             )
             for p in r.get("Parts", []):
                 parts[int(p["PartNumber"])] = str(p["ETag"])
+                if p.get("ChecksumCRC32"):
+                    crcs[int(p["PartNumber"])] = str(p["ChecksumCRC32"])
+            if r.get("ChecksumAlgorithm") == "CRC32":  # an upload resumed after a restart
+                self._crcs.setdefault(upload_id, {}).update(crcs)
             if not r.get("IsTruncated"):
                 return parts
             marker = int(r["NextPartNumberMarker"])
 
     async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> str:
+        crcs = self._crcs.get(upload_id, {})
+        if upload_id in self._crcs and len(crcs) < len(etags):  # e.g. parts copied
+            await self.list_parts(key, upload_id)
+        parts: list[dict[str, Any]] = [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, 1)]
+        for part in parts:
+            if part["PartNumber"] in crcs:
+                part["ChecksumCRC32"] = crcs[part["PartNumber"]]
         r = await self._call(
             f"COMPLETE {key}",
             "complete_multipart_upload",
             Key=key,
             UploadId=upload_id,
-            MultipartUpload={
-                "Parts": [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, 1)]
-            },
+            MultipartUpload={"Parts": parts},
         )
+        self._crcs.pop(upload_id, None)
         return str(r["ETag"])
 
     async def abort_multipart(self, key: str, upload_id: str) -> None:
         with contextlib.suppress(NotFound):
             await self._call(f"ABORT {key}", "abort_multipart_upload", Key=key, UploadId=upload_id)
+        self._crcs.pop(upload_id, None)
 
     async def iter_uploads(self, prefix: str) -> AsyncIterator[Upload]:
         key_marker, id_marker = "", ""

@@ -8,16 +8,23 @@ Faults apply to the next ``count`` requests whose method and path match:
   the client gives up and retries);
 * ``hold``: hold the request (its body read) until the test calls ``release()``, or for
   ``seconds`` (default 50, under the client's read timeout): an upload seen mid-way without
-  depending on timing.
+  depending on timing;
+* ``corrupt``: flip one byte in the middle of the body on the way (a damaged network path).
+
+A request with an ``x-amz-checksum-crc32`` header has its body checked against it, as S3 does
+and moto does not: a mismatch is answered 400 ``BadDigest`` and not forwarded. ``checked``
+lists the paths whose checksum matched.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 import socket
 import struct
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 
 
@@ -45,6 +52,14 @@ class Fault:
 SLOWDOWN = (
     b"HTTP/1.1 503 Slow Down\r\nRetry-After: 1\r\nContent-Type: application/xml\r\n"
     b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+)
+BAD_DIGEST = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/xml\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+)
+BAD_DIGEST_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>BadDigest</Code>'
+    b"<Message>The CRC32 you specified did not match the calculated checksum.</Message></Error>"
 )
 SLOWDOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
@@ -104,6 +119,7 @@ class FaultProxy:
     upstream_port: int
     faults: list[Fault] = field(default_factory=list)
     log: list[tuple[str, str, str]] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -162,6 +178,17 @@ class FaultProxy:
                     client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return
                 body = _read_body(client, buf, headers)
+                if fault is not None and fault.kind == "corrupt" and body:
+                    damaged = bytearray(body)
+                    damaged[len(body) // 2] ^= 0xFF
+                    body = bytes(damaged)
+                crc = headers.get("x-amz-checksum-crc32")
+                if crc is not None:
+                    if base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode() != crc:
+                        self.log.append((m, p, "bad-digest"))
+                        client.sendall(BAD_DIGEST % (len(BAD_DIGEST_BODY), BAD_DIGEST_BODY))
+                        return
+                    self.checked.append(p)
                 if fault is not None and fault.kind == "slowdown":
                     self.log.append((m, p, "slowdown"))
                     client.sendall(SLOWDOWN % (len(SLOWDOWN_BODY), SLOWDOWN_BODY))
@@ -172,6 +199,8 @@ class FaultProxy:
                 elif fault is not None and fault.kind == "hold":
                     self.log.append((m, p, "hold"))
                     fault.released.wait(fault.seconds or 50.0)
+                elif fault is not None and fault.kind == "corrupt":
+                    self.log.append((m, p, "corrupt"))
                 else:
                     self.log.append((m, p, "ok"))
                 if upstream is None:
