@@ -496,7 +496,11 @@ class S3Store(Store):
         way the tags are copied, the storage class is not (the copy is STANDARD), and the
         copy is a new object: a new LastModified, and a new ETag if ``src`` was a multipart
         upload (else usually the same: the ETag of a single-part upload is the data's MD5,
-        unless it is encrypted with SSE-KMS or SSE-C)."""
+        unless it is encrypted with SSE-KMS or SSE-C).
+
+        The copy names CRC32 as well: the store computes the copy's own full-object CRC32.
+        (moto, without it, gives the copy the source's COMPOSITE value as if it were the
+        content's, which a client that validates checksums on GET rejects.)"""
         check_copy(src, dst, metadata)
         directive: dict[str, Any] = (
             {"MetadataDirective": "COPY"}
@@ -508,6 +512,7 @@ class S3Store(Store):
             "copy_object",
             Key=dst,
             CopySource={"Bucket": self.bucket, "Key": src},
+            ChecksumAlgorithm="CRC32",
             **directive,
         )
         return str(r["CopyObjectResult"]["ETag"])

@@ -375,7 +375,8 @@ def test_every_body_carries_its_crc32_and_a_damaged_part_goes_again(
     """Each PUT and part carries its CRC32, which S3 checks (the proxy checks it here, as moto
     does not): a part damaged on the way is refused with BadDigest and sent again. A multipart
     object's checksum is S3's COMPOSITE CRC32 of its parts' CRC32s; a resumed upload (a new
-    client, as after a restart) still completes with them."""
+    client, as after a restart) still completes with them; a copy names CRC32 too, so it
+    has a checksum of its own content that a validating GET accepts."""
     parts = [os.urandom(5 << 20), os.urandom(5 << 20), os.urandom(1 << 20)]
 
     async def go() -> None:
@@ -400,13 +401,14 @@ def test_every_body_carries_its_crc32_and_a_damaged_part_goes_again(
             etags.append(await store.upload_part("k", uid, 3, parts[2]))
             await store.complete_multipart("k", uid, etags)
             assert await store.get("k") == b"".join(parts)
+            await store.copy("k", "copy")  # a move's copy gets a checksum of its own
 
     trio.run(go)
     import boto3
 
-    head = boto3.client("s3", endpoint_url=s3_endpoint).head_object(
-        Bucket=bucket, Key="k", ChecksumMode="ENABLED"
-    )
+    client = boto3.client("s3", endpoint_url=s3_endpoint)  # validates checksums on GET
+    assert client.get_object(Bucket=bucket, Key="copy")["Body"].read() == b"".join(parts)
+    head = client.head_object(Bucket=bucket, Key="k", ChecksumMode="ENABLED")
     composite = b"".join(zlib.crc32(p).to_bytes(4, "big") for p in parts)
     # The CRC32 of the parts' CRC32s (S3 adds "-3"), not the CRC of the content: composite.
     assert head["ChecksumCRC32"].split("-")[0] == _crc32(composite) != _crc32(b"".join(parts))
