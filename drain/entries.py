@@ -118,12 +118,7 @@ class Entries:
                 raise fs_error(errno.EIO) from None
             log.info("cannot read the metadata of %s: %s", key, e)
             return
-        if ino.state is not State.REMOTE:
-            return  # changed while the HEAD ran (O_TRUNC, fetched by another open)
-        now_key = self.keys.entry_key(ino) if ino.is_dir else ino.stored_key
-        if now_key != key or key in self.journal.pending_keys():
-            # Renamed while the HEAD ran, or a change of ours (a move, a metadata update) is
-            # still on its way to the store: what the store says now is older than the row.
+        if not self._still(ino, key):
             return
         if ino.is_dir:
             with self.journal.transaction():
@@ -142,3 +137,22 @@ class Entries:
             return
         with self.journal.transaction():
             self.described(ino, info, read_meta(info))
+
+    def read_by_get(self, ino: Inode, info: ObjectInfo) -> bool:
+        """A GET of a remote file's object (pinned to its ETag) answered with ``info``: apply
+        it as a HEAD's answer, unless the entry changed meanwhile. Whether it applied."""
+        if not self._still(ino, info.key) or info.etag != ino.stored_etag:
+            return False
+        with self.journal.transaction():
+            self.described(ino, info, read_meta(info))
+        return True
+
+    def _still(self, ino: Inode, key: str) -> bool:
+        """Whether what the store says of ``key`` now still describes the remote entry
+        ``ino``."""
+        if ino.state is not State.REMOTE:
+            return False  # changed while the request ran (O_TRUNC, fetched by another open)
+        now_key = self.keys.entry_key(ino) if ino.is_dir else ino.stored_key
+        # Renamed meanwhile, or a change of ours (a move, a metadata update) is still on its
+        # way to the store: what the store says now is older than the row.
+        return now_key == key and key not in self.journal.pending_keys()

@@ -41,11 +41,12 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import pyfuse3
 import trio
 import xxhash
 
-from ckptgw.drain.entries import Entries
-from ckptgw.drain.store import NotFound, Stale, Store, StoreError
+from ckptgw.drain.entries import Entries, read_meta
+from ckptgw.drain.store import NotFound, ObjectInfo, Stale, Store, StoreError
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
 from ckptgw.fsops.journal import State
 from ckptgw.fsops.space import CacheSpace
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 
 MIN_RANGE = 8 << 20
 HASH_PIECE = 4 << 20
+INLINE_HASH = 1 << 20  # less than this is hashed on the event loop (about 0.1 ms)
 # What a range is fetched for, most urgent first: a reader waits for it; read-ahead of a file
 # that is open; a prefetch (nobody has opened the file yet).
 WAITED, OPEN, PREFETCH = 0, 1, 2
@@ -130,10 +132,18 @@ class Slots:
 
 
 class _Fetch:
-    def __init__(self, ino: Inode, key: str, etag: str | None, chunk: int, fd: int) -> None:
-        self.ino, self.key, self.etag, self.fd = ino, key, etag, fd
+    def __init__(self, ino: Inode, key: str, etag: str | None, chunk: int, known: bool) -> None:
+        self.ino, self.key, self.etag = ino, key, etag
+        self.fd = -1  # the cache file, once made
         self.size = ino.size
         self.checksum = ino.checksum
+        # Set once the object's metadata (its checksum, the entry's attributes) is known:
+        # from the first GET's response for an entry not yet described (no HEAD), or when
+        # the fetch ends.
+        self.described = trio.Event()
+        if known:
+            self.described.set()
+        self.made = trio.Event()  # set once the cache file exists (or could not be made)
         self.chunk = chunk
         self.count = max(1, -(-self.size // chunk))
         self.started = [False] * self.count
@@ -206,6 +216,7 @@ class _Fetch:
             self.error = code
             self.failed_at = time.monotonic()
         self.wake()
+        self.described.set()
         self.finished.set()
 
 
@@ -279,6 +290,24 @@ class Fetcher:
         if f.error is not None:
             raise fs_error(f.error)
 
+    async def described(self, ino: Inode, *, start: bool) -> bool:
+        """Wait for a fetch of ``ino`` (started now if ``start``: its content is wanted
+        anyway) to learn the object's metadata from its first response, as urgently as a
+        reader waiting for bytes. False if there is no such fetch: the caller HEADs."""
+        f = self._active.get(ino.id)
+        if f is None or f.error is not None:
+            if not start or ino.state is not State.REMOTE:
+                return False
+            f = await self._start(ino)
+            if f is None:
+                return False
+        f.waiting += 1
+        try:
+            await f.described.wait()
+        finally:
+            f.waiting -= 1
+        return f.error is None
+
     async def ensure_whole(self, ino: Inode) -> None:
         """The whole file in the cache (or the FUSEError a read would get). A fetch started
         here and not opened by a reader runs at the lowest priority (a prefetch)."""
@@ -293,22 +322,41 @@ class Fetcher:
     async def _start(self, ino: Inode) -> _Fetch | None:
         f = self._active.get(ino.id)
         if f is not None:
+            await f.made.wait()  # an open goes on to use the cache file
+            if f.fd < 0:
+                assert f.error is not None
+                raise fs_error(f.error)
             if f.error is None or time.monotonic() - f.failed_at < self.config.failed_for:
                 return f
-            del self._active[ino.id]  # failed a while ago: try again
+            if self._active.get(ino.id) is f:
+                del self._active[ino.id]  # failed a while ago: try again
+            return await self._start(ino)
         if ino.state is not State.REMOTE:
             return None
         if ino.stored_key is None:
             raise fs_error(errno.EIO)
-        landing = await self.space.grow(ino, ino.size, patient=True)
-        self.cache.create(ino.id)
-        fd = self.cache.open(ino.id)
-        os.ftruncate(fd, ino.size)
         f = self._active[ino.id] = _Fetch(
-            ino, ino.stored_key, ino.stored_etag, range_size(ino.size, self.config), fd
+            ino,
+            ino.stored_key,
+            ino.stored_etag,
+            range_size(ino.size, self.config),
+            self.entries.known(ino),
         )
-        f.landing = landing
         ino.pins += 1
+        try:  # others find the fetch in _active from here on, and wait for its events
+            f.landing = await self.space.grow(ino, ino.size, patient=True)
+            f.fd = await trio.to_thread.run_sync(self.cache.create_sized, ino.id, ino.size)
+        except BaseException as e:
+            self.space.landed(f.landing)
+            f.landing = 0
+            f.fail(e.errno if isinstance(e, pyfuse3.FUSEError) else errno.EIO)
+            f.made.set()
+            if self._active.get(ino.id) is f:
+                del self._active[ino.id]
+            ino.pins -= 1
+            self.table.release_if_unused(ino)
+            raise
+        f.made.set()
         assert self._nursery is not None
         self._nursery.start_soon(self._fetch, f)
         return f
@@ -320,6 +368,8 @@ class Fetcher:
                 nursery.start_soon(self._hash, f)
                 for _ in range(min(self.config.parallel, f.count)):
                     nursery.start_soon(self._worker, f)
+            if f.error is None and not f.described.is_set():
+                await self._head(f)  # the store's GETs said nothing of the object
             if f.error is None:
                 self._verify(f)
         except Exception:
@@ -329,6 +379,7 @@ class Fetcher:
             self.space.landed(f.landing)
             f.landing = 0
             os.close(f.fd)
+            f.described.set()
             f.ino.pins -= 1
             if f.verified:
                 self._active.pop(f.ino.id, None)
@@ -377,7 +428,13 @@ class Fetcher:
         self.stats.requests += 1
         try:
             await self.store.get_into(
-                f.key, start, end, f.fd, etag=f.etag, progress=lambda n: self._arrived(f, i, n)
+                f.key,
+                start,
+                end,
+                f.fd,
+                etag=f.etag,
+                progress=lambda n: self._arrived(f, i, n),
+                described=None if f.described.is_set() else lambda info: self._told(f, info),
             )
         except Stale as e:
             log.warning("%s; reads of it fail with ESTALE until it is opened again", e)
@@ -388,6 +445,33 @@ class Fetcher:
         except StoreError as e:
             log.warning("cannot read %s: %s", f.key, e)
             f.fail(errno.EIO)
+
+    def _told(self, f: _Fetch, info: ObjectInfo) -> None:
+        """A GET's response described the object (the version pinned by the fetch's ETag):
+        its checksum verifies the content, and the entry takes its attributes unless it
+        changed meanwhile."""
+        if f.described.is_set() or f.error is not None:
+            return
+        if f.etag is not None and info.etag != f.etag:
+            f.fail(errno.ESTALE)  # a store that ignored If-Match
+            return
+        if f.checksum is None:
+            f.checksum = read_meta(info).checksum
+        self.entries.read_by_get(f.ino, info)
+        f.described.set()
+
+    async def _head(self, f: _Fetch) -> None:
+        """The object's metadata for a fetch whose GETs did not bring it."""
+        try:
+            info = await self.store.head(f.key)
+        except StoreError as e:
+            log.warning("cannot read the metadata of %s: %s", f.key, e)
+            f.fail(errno.EIO)
+            return
+        if info is None:
+            f.fail(errno.ENOENT)
+        else:
+            self._told(f, info)
 
     async def _hash(self, f: _Fetch) -> None:
         """Hash the content as it becomes contiguous from the start, reading it back from the
@@ -411,7 +495,10 @@ class Fetcher:
                     hasher.update(view[:n])
                     pos += n
 
-            await trio.to_thread.run_sync(run)
+            if upto - start <= INLINE_HASH:
+                run()  # a thread's round trip costs more than hashing this much here
+            else:
+                await trio.to_thread.run_sync(run)
             f.hashed = upto
         f.digest = hasher.hexdigest()
 

@@ -36,6 +36,7 @@ import xxhash
 
 from ckptgw.drain.store import (
     PIECE,
+    Described,
     Listing,
     NotFound,
     ObjectInfo,
@@ -67,6 +68,15 @@ def _etag(st: os.stat_result) -> str:
 
 def _info(key: str, st: os.stat_result, metadata: dict[str, str] | None = None) -> ObjectInfo:
     return ObjectInfo(key, st.st_size, _etag(st), metadata or {}, st.st_mtime)
+
+
+def _meta_of(file: Path | int) -> dict[str, str]:
+    """An object's metadata, kept as an extended attribute of its file (none: {})."""
+    try:
+        meta: dict[str, str] = json.loads(os.getxattr(file, _XATTR))
+    except OSError:
+        return {}
+    return meta
 
 
 def _fsync_dir(path: Path) -> None:
@@ -186,13 +196,17 @@ class FileStore(Store):
         *,
         etag: str | None = None,
         progress: Progress | None = None,
+        described: Described | None = None,
     ) -> None:
         path = self._path(key)
 
         def go() -> None:
             with open(path, "rb") as f:
-                if etag is not None and _etag(os.fstat(f.fileno())) != etag:
+                st = os.fstat(f.fileno())
+                if etag is not None and _etag(st) != etag:
                     raise Stale(f"GET {key}: the object changed (ETag is no longer {etag})")
+                if described is not None:
+                    trio.from_thread.run_sync(described, _info(key, st, _meta_of(f.fileno())))
                 done = 0
                 while done < end - start:
                     data = os.pread(f.fileno(), min(PIECE, end - start - done), start + done)
@@ -215,11 +229,7 @@ class FileStore(Store):
                 return None
             if not os.path.isfile(path):
                 return None
-            try:
-                meta = json.loads(os.getxattr(path, _XATTR))
-            except OSError:
-                meta = {}
-            return _info(key, st, meta)
+            return _info(key, st, _meta_of(path))
 
         return await self._run(f"HEAD {key}", go)
 
@@ -269,13 +279,7 @@ class FileStore(Store):
             shutil.copyfile(s, tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-            meta = metadata
-            if meta is None:
-                try:
-                    meta = json.loads(os.getxattr(s, _XATTR))
-                except OSError:
-                    meta = {}
-            return self._install(tmp, d, meta)
+            return self._install(tmp, d, _meta_of(s) if metadata is None else metadata)
 
         return await self._run(what, go)
 

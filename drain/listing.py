@@ -7,10 +7,13 @@ journal transaction:
 
 * an object the journal does not have becomes a ``remote`` row, a prefix a ``remote``
   directory. Size and times come from the listing; the rest from the object's metadata
-  (:mod:`drain.entries`), read here in parallel for up to ``describe`` new entries (so a
-  restore does not wait for one HEAD per file as the loader opens them), small objects first:
-  they may be symlinks or special files, and one whose metadata cannot be read now is left
-  for the next listing. Any other entry is described at its first lookup;
+  (:mod:`drain.entries`). A directory's marker and a small object (it may be a symlink or a
+  special file, which decides the row's kind) are read here, before the merge, in parallel
+  (one whose metadata cannot be read now is left for the next listing). A bigger object is a
+  regular file, described later: by its first lookup (a HEAD), by the first response of a
+  fetch of it (a warm-up's: no HEAD at all), or, when the directory is about to be read
+  (``ls -l``, ``du``), by :meth:`Listings.describe_all`, in parallel for up to ``describe``
+  entries, so that stat-ing every name does not cost one HEAD after another;
 * local entries win: a dirty or uploading entry is left as it is, and so is a name that is a
   directory here and an object there, or the other way round;
 * a clean or remote entry whose object has another ETag was rewritten by someone else (last
@@ -61,7 +64,7 @@ log = logging.getLogger(__name__)
 class ListingConfig:
     ttl: float = 5.0
     heads: int = 16  # metadata reads (HEADs) in flight during one listing
-    describe: int = 1000  # entries new to this node described by one listing; others: lazily
+    describe: int = 1000  # entries described at once before a readdir; others: at lookup
 
 
 class Listings:
@@ -122,6 +125,32 @@ class Listings:
             del self._inflight[d.id]
             done.set()
 
+    async def describe_all(self, d: Inode) -> None:
+        """Read the metadata of ``d``'s remote entries not yet described, up to ``describe``
+        of them, ``heads`` at a time: the directory is about to be read, and ``ls -l`` or
+        ``du`` then stats every name (a lookup of an entry still unknown would HEAD it, one
+        after another). A read that fails leaves the entry for its lookup."""
+        todo: list[InodeRow] = []
+        after = 0
+        while len(todo) < self.config.describe and (rows := self.table.children(d.id, after, 1000)):
+            after = rows[-1].id
+            todo += [r for r in rows if not self.entries.known(r)]
+        limiter = trio.CapacityLimiter(self.config.heads)
+
+        async def one(row: InodeRow) -> None:
+            ino = self.table.adopt(row)
+            ino.pins += 1
+            try:
+                async with limiter:
+                    await self.entries.describe(ino, strict=False)
+            finally:
+                ino.pins -= 1
+                self.table.release_if_unused(ino)
+
+        async with trio.open_nursery() as nursery:
+            for row in todo[: self.config.describe]:
+                nursery.start_soon(one, row)
+
     async def _list(self, prefix: str) -> Listing | None:
         try:
             listing = await self.store.list_dir(prefix)
@@ -138,18 +167,18 @@ class Listings:
     async def _describe_new(
         self, d: Inode, prefix: str, listing: Listing
     ) -> dict[str, _Described | None]:
-        """Read the metadata of entries new to this node, up to ``describe`` of them, in
-        parallel: small objects first (they may be symlinks or special files: a symlink's
-        target is read too), then other objects and directories' markers (a directory's key:
-        None if it has no marker). A read that fails leaves the entry out of the answer."""
+        """Read the metadata of small objects new to this node (they may be symlinks or
+        special files: a symlink's target is read too), then of new directories' markers (a
+        directory's key: None if it has no marker), up to ``describe`` of them, in parallel.
+        A read that fails leaves the entry out of the answer."""
         small: list[str] = []
         other: list[str] = []
         for o in listing.objects:
-            if o.key == prefix:
+            if o.key == prefix or o.size > SMALL_OBJECT:
                 continue
             found = self.journal.lookup(d.id, o.key[len(prefix) :].encode())
             if found is None or found.stored_etag != o.etag:
-                (small if o.size <= SMALL_OBJECT else other).append(o.key)
+                small.append(o.key)
         for p in listing.dirs:
             if self.journal.lookup(d.id, p[len(prefix) : -1].encode()) is None:
                 other.append(p)

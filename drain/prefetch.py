@@ -2,15 +2,18 @@
 
 A warm-up (:meth:`Prefetcher.warmup`: ``ckptgw warmup PATH``, or the first open of a remote
 file of a checkpoint when ``cache.prefetch`` is on) resolves the path, lists every directory
-below it (:mod:`drain.listing`, which reads new entries' metadata in parallel), and plans:
-the remote files largest first, as long as they fit in the cache's room
-(:meth:`fsops.space.CacheSpace.free_bytes`, less what the checkpoint already has cached);
-the rest is reported as not fitting, never fetched at the cost of dirty data. Then two
-stages run at once: HEADs of the planned files that were not described within
-``fresh_for`` (16 in flight, :meth:`drain.entries.Entries.describe`), and fetches of those
-described (:meth:`drain.fetch.Fetcher.ensure_whole`), at the lowest priority of the GET slots: a
-reader's own ranges always go first. A prefetched file counts as used now (its ``atime``),
-so eviction takes older files before it.
+below it (:mod:`drain.listing`), and plans: the remote files largest first, as long as they
+fit in the cache's room (:meth:`fsops.space.CacheSpace.free_bytes`, less what the checkpoint
+already has cached); the rest is reported as not fitting, never fetched at the cost of dirty
+data. Then it fetches them (:meth:`drain.fetch.Fetcher.ensure_whole`) in natural name order
+(``__0_2`` before ``__0_10``: the order in which loaders read shards, so the loader follows
+the fetches instead of asking for files they have not reached), at the lowest priority of
+the GET slots: a reader's own ranges always go first. No HEAD comes first: a file's first
+GET is pinned to the listed ETag (gone or rewritten: the fetch fails as an open would) and its
+response carries the object's metadata, which describes the entry. A lookup of a planned file
+that is not yet described starts its fetch and waits for that response instead of sending a
+HEAD (:meth:`planned`). A prefetched file counts as used now (its ``atime``), so eviction takes
+older files before it.
 
 An automatic warm-up of a checkpoint is not repeated while one runs or for ``RECENT``
 seconds after one ended (one that did not fit would otherwise evict its own files again
@@ -19,10 +22,11 @@ at every open). Jobs are kept for status (the last ``KEEP``).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
-import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +45,6 @@ from ckptgw.fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
 
-HEADS = 16  # metadata reads in flight for one warm-up
 LISTINGS = 8  # directories listed at once
 RECENT = 300.0
 KEEP = 20
@@ -91,6 +94,12 @@ class Warmup:
         }
 
 
+def natural(path: str) -> list[str | int]:
+    """A sort key that orders numbers by value: ``__0_2`` before ``__0_10``, as DCP, Megatron
+    and DeepSpeed number their shards and read them."""
+    return [int(t) if i % 2 else t for i, t in enumerate(re.split(r"(\d+)", path))]
+
+
 @dataclass
 class PrefetchStats:
     files: int = 0  # fetched by warm-ups
@@ -122,6 +131,7 @@ class Prefetcher:
         self.auto = auto
         self.stats = PrefetchStats()
         self.jobs: dict[int, Warmup] = {}
+        self._planned: collections.Counter[int] = collections.Counter()  # inode -> jobs
         self._ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
 
@@ -162,6 +172,10 @@ class Prefetcher:
         if job is None:
             raise LookupError(f"no warm-up {job_id} (the gateway keeps the last {KEEP})")
         return job
+
+    def planned(self, ino: Inode) -> bool:
+        """Whether a running warm-up is to fetch ``ino`` (and has not yet)."""
+        return ino.id in self._planned
 
     def views(self) -> list[dict[str, Any]]:
         return [j.view() for j in sorted(self.jobs.values(), key=lambda j: -j.id)]
@@ -260,7 +274,8 @@ class Prefetcher:
         return out
 
     def _plan(self, job: Warmup, files: list[tuple[InodeRow, str]]) -> list[tuple[Inode, str]]:
-        """The remote files to fetch, largest first, as far as the cache has room."""
+        """The remote files to fetch: the largest first as far as the cache has room, then
+        put in natural name order."""
         remote: list[tuple[InodeRow, str]] = []
         room = self.space.free_bytes()  # clean files count as room (evictable)...
         for row, rel in files:
@@ -282,26 +297,18 @@ class Prefetcher:
             else:
                 job.skipped.append((rel, row.size))
         self.stats.skipped_files += len(job.skipped)
+        todo.sort(key=lambda x: natural(x[1]))  # fetched in the order loaders read shards
         for ino, _ in todo:
-            ino.pins += 1  # in memory until fetched (released in _fetch_one)
+            ino.pins += 1  # in memory until fetched (released in _fetch_all)
+            self._planned[ino.id] += 1
         return todo
 
     async def _fetch_all(self, job: Warmup, todo: list[tuple[Inode, str]]) -> None:
-        """HEADs (where needed) and fetches at once: a file goes to the fetches once its
-        object is described."""
-        send, recv = trio.open_memory_channel[tuple[Inode, str]](math.inf)
-        heads = trio.CapacityLimiter(HEADS)
+        """The fetches, a few files more than there are GETs in flight. A file not yet
+        described needs no HEAD first: its first GET's response describes it
+        (:meth:`drain.fetch.Fetcher.described`), and a GET pinned to the listed ETag fails
+        as an open would if the object is gone or was rewritten."""
         fetches = trio.CapacityLimiter(2 * self.fetcher.config.parallel)
-
-        async def describe(ino: Inode, rel: str) -> None:
-            async with heads:
-                try:
-                    await self.entries.describe(ino, strict=True)
-                except pyfuse3.FUSEError as e:
-                    self._failed(job, rel, e)
-                    self._unpin(ino)
-                    return
-            await send.send((ino, rel))
 
         async def fetch(ino: Inode, rel: str, slot: object) -> None:
             try:
@@ -322,25 +329,26 @@ class Prefetcher:
                 fetches.release_on_behalf_of(slot)
                 self._unpin(ino)
 
-        async with trio.open_nursery() as nursery:
-
-            async def head_all() -> None:
-                async with send, trio.open_nursery() as inner:
-                    for ino, rel in todo:
-                        inner.start_soon(describe, ino, rel)
-
-            nursery.start_soon(head_all)
-            async with recv:
-                async for ino, rel in recv:
-                    slot = object()
+        started = 0
+        try:
+            async with trio.open_nursery() as nursery:
+                for ino, rel in todo:
+                    slot = object()  # an inode is not hashable
                     await fetches.acquire_on_behalf_of(slot)
                     nursery.start_soon(fetch, ino, rel, slot)
+                    started += 1
+        finally:  # cancelled (unmount) before every fetch started
+            for ino, _ in todo[started:]:
+                self._unpin(ino)
+
+    def _unpin(self, ino: Inode) -> None:
+        ino.pins -= 1
+        self._planned[ino.id] -= 1
+        if self._planned[ino.id] <= 0:
+            del self._planned[ino.id]
+        self.table.release_if_unused(ino)
 
     def _failed(self, job: Warmup, rel: str, e: pyfuse3.FUSEError) -> None:
         why = os.strerror(e.errno)
         job.failed.append((rel, why))
         log.warning("warm-up of %s: cannot fetch %s: %s", job.path or "/", rel, why)
-
-    def _unpin(self, ino: Inode) -> None:
-        ino.pins -= 1
-        self.table.release_if_unused(ino)

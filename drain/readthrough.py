@@ -22,13 +22,24 @@ class ReadThrough:
         self.fetcher = fetcher
         self.prefetcher = prefetcher
 
-    async def refresh(self, directory: Inode) -> None:
+    async def refresh(self, directory: Inode, *, describe: bool = False) -> None:
         await self.listings.refresh(directory)
+        if describe:
+            await self.listings.describe_all(directory)
 
     def absent_for(self, directory: Inode) -> float:
         return self.listings.fresh_for(directory)
 
     async def describe(self, ino: Inode) -> None:
+        """A file a warm-up is to fetch, or is fetching, is described by its fetch's first
+        response (and fetched sooner for it) rather than by a HEAD of its own."""
+        if (
+            ino.is_reg
+            and not self.entries.known(ino)
+            and await self.fetcher.described(ino, start=self.prefetcher.planned(ino))
+            and self.entries.known(ino)
+        ):
+            return
         await self.entries.describe(ino, strict=False)
 
     def known(self, row: InodeRow) -> bool:

@@ -26,6 +26,7 @@ import trio
 
 from ckptgw.drain.store import (
     MAX_PART,
+    Described,
     Listing,
     NotFound,
     ObjectInfo,
@@ -162,9 +163,19 @@ class RetryingStore(Store):
         *,
         etag: str | None = None,
         progress: Progress | None = None,
+        described: Described | None = None,
     ) -> None:
         """A retry resumes where the failed attempt's bytes end: what is in the file is not
-        fetched again (the ETag pins the version, so the rest belongs to the same one)."""
+        fetched again (the ETag pins the version, so the rest belongs to the same one).
+        ``described`` is called at most once, by the first attempt that got a response."""
+        told = False
+
+        def tell(info: ObjectInfo) -> None:
+            nonlocal told
+            if not told and described is not None:
+                told = True
+                described(info)
+
         done = 0
 
         def advanced(n: int) -> None:
@@ -178,7 +189,13 @@ class RetryingStore(Store):
             if base and start + base >= end:
                 return  # every byte arrived before the error
             await self.inner.get_into(
-                key, start + base, end, fd, etag=etag, progress=lambda n: advanced(base + n)
+                key,
+                start + base,
+                end,
+                fd,
+                etag=etag,
+                progress=lambda n: advanced(base + n),
+                described=None if told or described is None else tell,
             )
 
         await self._retry(f"GET {key} [{start}, {end})", attempt)

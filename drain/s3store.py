@@ -47,6 +47,7 @@ from ckptgw.drain.store import (
     CREDENTIAL_CODES,
     MAX_COPY,
     PIECE,
+    Described,
     Listing,
     NotFound,
     ObjectInfo,
@@ -193,6 +194,22 @@ def _listed(o: dict[str, Any]) -> ObjectInfo:
     return ObjectInfo(
         str(o["Key"]), int(o["Size"]), str(o["ETag"]), mtime=_timestamp(o.get("LastModified"))
     )
+
+
+def _info(key: str, r: dict[str, Any], size: int) -> ObjectInfo:
+    """What a HEAD's (or a GET's) response says of the object."""
+    return ObjectInfo(
+        key, size, str(r["ETag"]), dict(r.get("Metadata", {})), _timestamp(r.get("LastModified"))
+    )
+
+
+def _whole_size(r: dict[str, Any]) -> int:
+    """The object's size from a ranged GET's ``Content-Range: bytes a-b/SIZE`` (a store that
+    sent the whole object instead: its length)."""
+    try:
+        return int(str(r["ContentRange"]).rsplit("/", 1)[1])
+    except (KeyError, IndexError, ValueError):
+        return int(r["ContentLength"])
 
 
 def _timestamp(value: object) -> float:
@@ -390,11 +407,13 @@ class S3Store(Store):
         *,
         etag: str | None = None,
         progress: Progress | None = None,
+        described: Described | None = None,
     ) -> None:
         """The body is written as it arrives, on the client's thread: httpx's chunks are
         gathered into pieces of :data:`PIECE` bytes and each piece is one ``pwritev`` (no
         joined copy); ``progress`` is handed to trio after each. At most one piece per GET is
-        in memory, whatever the range's size."""
+        in memory, whatever the range's size. ``described`` gets the response's headers as a
+        HEAD would give them (the whole size from Content-Range)."""
         if end <= start:
             return
         kwargs: dict[str, Any] = {"Key": key, "Range": f"bytes={start}-{end - 1}"}
@@ -409,6 +428,10 @@ class S3Store(Store):
 
         async def fetch() -> None:
             r = await self._client.get_object(Bucket=self.bucket, **kwargs)
+            if described is not None:
+                info = _info(key, r, _whole_size(r))
+                with contextlib.suppress(trio.RunFinishedError):
+                    token.run_sync_soon(described, info)
             written = 0
             pending: list[bytes] = []
             held = 0
@@ -435,13 +458,7 @@ class S3Store(Store):
             r = await self._call(f"HEAD {key}", "head_object", Key=key)
         except NotFound:
             return None
-        return ObjectInfo(
-            key,
-            int(r["ContentLength"]),
-            str(r["ETag"]),
-            dict(r.get("Metadata", {})),
-            _timestamp(r.get("LastModified")),
-        )
+        return _info(key, r, int(r["ContentLength"]))
 
     async def delete(self, key: str) -> None:
         await self._call(f"DELETE {key}", "delete_object", Key=key)

@@ -30,6 +30,8 @@ PIECE = 4 << 20  # get_into writes (and reports) a range in pieces of about this
 
 #: ``get_into``'s report: the bytes from the range's start that are in the file now.
 Progress = Callable[[int], None]
+#: ``get_into``'s report of the object as the response describes it (what a HEAD returns).
+Described = Callable[["ObjectInfo"], None]
 
 # Error codes (StoreError.code) that say the store refused who we are: S3's, and our own for a
 # client that found no credentials at all.
@@ -176,12 +178,19 @@ class Store(abc.ABC):
         *,
         etag: str | None = None,
         progress: Progress | None = None,
+        described: Described | None = None,
     ) -> None:
         """Write bytes [start, end) of an object into the file ``fd`` at the same offsets, as
         they arrive (a store that streams: in pieces of about :data:`PIECE`), calling
         ``progress(n)`` on the caller's thread whenever the first ``n`` bytes of the range
         are in the file. Errors as :meth:`get`; an object that ends before ``end`` is a
-        permanent StoreError (code "ShortRead"). This default reads the range whole."""
+        permanent StoreError (code "ShortRead").
+
+        ``described(info)``, if the store can say, is called once on the caller's thread
+        before any ``progress``, with what a :meth:`head` of the version being read would
+        return (its whole size, ETag and metadata): a GET's response carries it, so a reader
+        of a whole object needs no HEAD. This default reads the range whole and says
+        nothing."""
         data = await self.get(key, start, end, etag=etag)
         if len(data) != end - start:
             raise short_read(key, start, end, len(data))

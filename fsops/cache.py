@@ -222,6 +222,12 @@ class CacheFiles:
 
     def create(self, inode: int) -> None:
         """Create an empty cache file (its directory entry is synced at the first fsync)."""
+        os.close(self.create_sized(inode, 0))
+
+    def create_sized(self, inode: int, size: int) -> int:
+        """Create a cache file of ``size`` bytes, all a hole (one being fetched), and return
+        a descriptor of it. Blocking: under write load, creating an inode waits for the disk
+        (1-2 ms measured), so a caller on the event loop runs this in a thread."""
         shard = self._shard(inode)
         if shard not in self._shards:
             with contextlib.suppress(FileExistsError):
@@ -233,7 +239,13 @@ class CacheFiles:
             0o600,
             dir_fd=self._dirfd,
         )
-        os.close(fd)
+        try:
+            if size:
+                os.ftruncate(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def open(self, inode: int) -> int:
         return os.open(self._rel(inode), os.O_RDWR | os.O_CLOEXEC, dir_fd=self._dirfd)

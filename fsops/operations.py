@@ -279,7 +279,7 @@ class Operations(pyfuse3.Operations):
         d = self.table.get(inode)
         if not d.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        await self.remote.refresh(d)
+        await self.remote.refresh(d, describe=True)
         return inode
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:

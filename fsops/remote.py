@@ -15,8 +15,10 @@ from ckptgw.fsops.journal import InodeRow, State
 
 
 class Remote(Protocol):
-    async def refresh(self, directory: Inode) -> None:
-        """Merge the store's view of ``directory`` into the journal, unless recently done."""
+    async def refresh(self, directory: Inode, *, describe: bool = False) -> None:
+        """Merge the store's view of ``directory`` into the journal, unless recently done.
+        ``describe``: the directory is about to be read (readdir), and every name in it may
+        be stat'ed next: read the attributes of the entries still unknown, in parallel."""
 
     def absent_for(self, directory: Inode) -> float:
         """Seconds for which a name ``directory`` lacks now may be taken as absent (the kernel
@@ -42,7 +44,7 @@ class Remote(Protocol):
 
 
 class LocalOnly:
-    async def refresh(self, directory: Inode) -> None:
+    async def refresh(self, directory: Inode, *, describe: bool = False) -> None:
         pass
 
     def absent_for(self, directory: Inode) -> float:

@@ -9,6 +9,7 @@ import collections
 import errno
 import json
 import os
+import stat
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -329,7 +330,9 @@ def test_a_fresh_node_prefetches_a_dcp_checkpoint_and_warmup_leaves_nothing_to_r
     mp.spawn(_dcp_rank, args=(2, _free_port(), str(a.mountpoint / ckpt), "save"), nprocs=2)
     extra = os.urandom(20 << 20)  # not read by the loader: only a prefetch fetches it
     (a.mountpoint / ckpt / "extra.bin").write_bytes(extra)
+    (a.mountpoint / ckpt / "extra.bin").chmod(0o600)
     nodes.drained({f"{ckpt}/extra.bin": extra})
+    assert a.cli("flush", "--wait", "--timeout", "60").returncode == 0
 
     def shards() -> dict[str, int]:
         return {
@@ -345,8 +348,10 @@ def test_a_fresh_node_prefetches_a_dcp_checkpoint_and_warmup_leaves_nothing_to_r
     proxy = nodes.count_requests()
 
     # Node B: the loader opens the checkpoint's files; the first open prefetches all of them.
-    # A listing is reused for 5 s (the default): one HEAD per file, made by the listing in
-    # parallel, and one GET per range (8 MiB ranges up to 8 in flight: adapted to the size).
+    # A listing is reused for 5 s (the default). It HEADs the small .metadata (an object that
+    # small could be a symlink); every other file is described by its first GET's response
+    # (no HEAD at all, though the loader looks each up), and there is one GET per range
+    # (8 MiB ranges up to 8 in flight: adapted to the size).
     b = nodes.node("b", fetch_chunk=None, listing_ttl=5.0)
     mp.spawn(_dcp_rank, args=(2, _free_port(), str(b.mountpoint / ckpt), "load"), nprocs=2)
     wait_for("the prefetch to end", lambda: b.status()["warmups"][0]["phase"] == "done")
@@ -358,7 +363,11 @@ def test_a_fresh_node_prefetches_a_dcp_checkpoint_and_warmup_leaves_nothing_to_r
     assert gets == {k: max(1, -(-n // (8 << 20))) for k, n in stored.items()}, gets
     assert gets[f"{ckpt}/extra.bin"] == 3
     files_heads = {k: n for k, n in heads.items() if not k.endswith("/")}  # not dirs' markers
-    assert files_heads == dict.fromkeys(stored, 1), heads
+    assert files_heads == {f"{ckpt}/.metadata": 1}, heads
+    assert stored[f"{ckpt}/.metadata"] <= 4096 < min(stored[f"{ckpt}/__0_0.distcp"], len(extra))
+    # Described all the same, by the GET: the mode node A gave it, and still no HEAD.
+    assert stat.S_IMODE((b.mountpoint / ckpt / "extra.bin").stat().st_mode) == 0o600
+    assert _by_key(proxy.log, "HEAD", "ckpt/") == heads
     assert (b.mountpoint / ckpt / "extra.bin").read_bytes() == extra
     assert _by_key(proxy.log, "GET", "ckpt/") == gets  # read from the cache
     b.stop()

@@ -317,6 +317,7 @@ class CutStreams(MemoryStore):
         super().__init__()
         self.cuts_left: list[int] = []
         self.asked: list[tuple[int, int]] = []
+        self.told_to_describe: list[bool] = []
 
     async def get_into(
         self,
@@ -327,9 +328,14 @@ class CutStreams(MemoryStore):
         *,
         etag: str | None = None,
         progress: Callable[[int], None] | None = None,
+        described: Callable[[ObjectInfo], None] | None = None,
     ) -> None:
         self.asked.append((start, end))
+        self.told_to_describe.append(described is not None)
         data = await self.get(key, start, end, etag=etag)
+        if described is not None:  # the response's headers, before its body
+            whole, metadata, version = self.objects[key]
+            described(ObjectInfo(key, len(whole), version, dict(metadata)))
         cut = self.cuts_left.pop(0) if self.cuts_left else len(data)
         os.pwrite(fd, data[:cut], start)
         if progress is not None and cut:
@@ -344,12 +350,15 @@ def test_get_into_resumes_where_the_bytes_end(tmp_path: Path) -> None:
 
     async def go() -> None:
         s = CutStreams()
-        etag = await s.put("k", data, {})
+        etag = await s.put("k", data, {"xxh3-128": "abc"})
         s.cuts_left = [300, 0, 200]  # reset after 300 bytes, at once, after 200 more
         rs = wrapped(s)
+        told: list[ObjectInfo] = []
         fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            await rs.get_into("k", 100, 900, fd, etag=etag, progress=reports.append)
+            await rs.get_into(
+                "k", 100, 900, fd, etag=etag, progress=reports.append, described=told.append
+            )
             assert os.pread(fd, 1000, 0)[100:900] == data[100:900]
         finally:
             os.close(fd)
@@ -357,6 +366,9 @@ def test_get_into_resumes_where_the_bytes_end(tmp_path: Path) -> None:
         assert s.asked == [(100, 900), (400, 900), (400, 900), (600, 900)]
         assert reports == [300, 500, 800]
         assert rs.stats.retries == 3
+        # The object is described once, by the first response; the retries are not asked to.
+        assert told == [ObjectInfo("k", 1000, etag, {"xxh3-128": "abc"})]
+        assert s.told_to_describe == [True, False, False, False]
 
     run(go)
 

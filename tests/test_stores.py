@@ -19,7 +19,15 @@ import trio
 import trio.testing
 
 from ckptgw.drain.retry import RetryPolicy, RetryStats, retrying
-from ckptgw.drain.store import Listing, NotFound, Stale, Store, StoreError, part_size_for
+from ckptgw.drain.store import (
+    Listing,
+    NotFound,
+    ObjectInfo,
+    Stale,
+    Store,
+    StoreError,
+    part_size_for,
+)
 from ckptgw.drain.stores import open_store
 from ckptgw.drain.storeurl import parse_store_url
 from tests.faultproxy import Fault, FaultProxy
@@ -292,18 +300,32 @@ def test_get_into_writes_a_range_in_place_as_it_arrives(
     target = tmp_path / "cache-file"
 
     async def body(s: Store) -> None:
-        await s.put("big.bin", data, {})
+        await s.put("big.bin", data, {"xxh3-128": "0123abcd", "mode": "33188"})
         info = await s.head("big.bin")
         assert info is not None
         reports: list[int] = []
+        told: list[ObjectInfo] = []
+
+        def described(got: ObjectInfo) -> None:
+            told.append(got)
+            assert reports == []  # before any bytes
+
         fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.ftruncate(fd, len(data))
             await s.get_into(
-                "big.bin", 1 << 20, 10 << 20, fd, etag=info.etag, progress=reports.append
+                "big.bin",
+                1 << 20,
+                10 << 20,
+                fd,
+                etag=info.etag,
+                progress=reports.append,
+                described=described,
             )
             await trio.sleep(0.1)  # reports from the client's thread arrive through trio
-            # Pieces of about 4 MiB, reported in order, the last one the whole range.
+            # What a HEAD says (the whole object's size, not the range's), once; then pieces
+            # of about 4 MiB, reported in order, the last one the whole range.
+            assert told == [info] and info.size == len(data), (told, info)
             assert len(reports) >= 2 and reports == sorted(reports), reports
             assert reports[-1] == 9 << 20
             got = os.pread(fd, len(data), 0)
