@@ -41,7 +41,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import pyfuse3
 import trio
 import xxhash
 
@@ -309,7 +308,7 @@ class Fetcher:
         return f.error is None
 
     async def ensure_whole(self, ino: Inode) -> None:
-        """The whole file in the cache (or the FUSEError a read would get). A fetch started
+        """The whole file in the cache (or the OSError a read would get). A fetch started
         here and not opened by a reader runs at the lowest priority (a prefetch)."""
         f = await self._start(ino)
         if f is not None:
@@ -349,7 +348,7 @@ class Fetcher:
         except BaseException as e:
             self.space.landed(f.landing)
             f.landing = 0
-            f.fail(e.errno if isinstance(e, pyfuse3.FUSEError) else errno.EIO)
+            f.fail(e.errno if isinstance(e, OSError) and e.errno else errno.EIO)
             f.made.set()
             if self._active.get(ino.id) is f:
                 del self._active[ino.id]

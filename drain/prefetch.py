@@ -23,6 +23,7 @@ at every open). Jobs are kept for status (the last ``KEEP``).
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import logging
 import os
@@ -31,7 +32,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyfuse3
 import trio
 
 from ckptgw.drain.checkpoints import Recognizer
@@ -209,7 +209,7 @@ class Prefetcher:
                 len(job.skipped),
             )
             await self._fetch_all(job, todo)
-        except (LookupError, pyfuse3.FUSEError) as e:
+        except (LookupError, OSError) as e:
             job.error = str(e) or type(e).__name__
             log.warning("warm-up of %s failed: %s", job.path or "/", job.error)
         except Exception as e:  # a warm-up is an optimisation: it never takes the mount down
@@ -323,7 +323,7 @@ class Prefetcher:
                 else:  # fetched by a reader meanwhile, or rewritten here
                     job.cached_files += 1
                     job.cached_bytes += ino.size
-            except pyfuse3.FUSEError as e:
+            except OSError as e:  # what a read of it would get
                 self._failed(job, rel, e)
             finally:
                 fetches.release_on_behalf_of(slot)
@@ -348,7 +348,7 @@ class Prefetcher:
             del self._planned[ino.id]
         self.table.release_if_unused(ino)
 
-    def _failed(self, job: Warmup, rel: str, e: pyfuse3.FUSEError) -> None:
-        why = os.strerror(e.errno)
+    def _failed(self, job: Warmup, rel: str, e: OSError) -> None:
+        why = os.strerror(e.errno or errno.EIO)
         job.failed.append((rel, why))
         log.warning("warm-up of %s: cannot fetch %s: %s", job.path or "/", rel, why)

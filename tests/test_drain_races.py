@@ -22,16 +22,18 @@ import xxhash
 
 from ckptgw.drain.engine import DrainConfig, DrainEngine
 from ckptgw.drain.entries import Entries
+from ckptgw.drain.fetch import FetchConfig, Fetcher
 from ckptgw.drain.filestore import FileStore
 from ckptgw.drain.listing import ListingConfig, Listings
 from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
 from ckptgw.drain.scheduler import Scheduler
-from ckptgw.drain.store import Listing, Upload
+from ckptgw.drain.store import Listing, ObjectInfo, Store, Upload
 from ckptgw.drain.storeurl import parse_store_url
 from ckptgw.drain.upload import META_CHECKSUM, UploadConfig
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal import ROOT_INODE, State
 from ckptgw.fsops.namespace import AttrChange
+from ckptgw.fsops.objectmeta import CHECKSUM
 from tests.conftest import errno_of
 from tests.test_ops import ME
 
@@ -545,5 +547,91 @@ def test_a_metadata_change_then_a_rename_reaches_the_new_key(tmp_path: Path) -> 
             data, meta = await n.stored("g")
             assert data == b"content" and meta["mode"] == "600" and "xattrs" in meta
             assert await n.store.head("f") is None
+
+    run(test)
+
+
+# -- read-through: the description a fetch's GET brings -----------------------------------------
+
+
+class Counting(FileStore):
+    """A file store that counts HEADs; ``mute``: its GETs say nothing of the object (the
+    :class:`Store` default, as a store without headers to read would)."""
+
+    def __init__(self, root: Path, *, mute: bool) -> None:
+        super().__init__(parse_store_url(f"file://{root}"))
+        self.heads = 0
+        self.mute = mute
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        self.heads += 1
+        return await super().head(key)
+
+    async def get_into(self, *args: Any, **kwargs: Any) -> None:
+        if self.mute:
+            kwargs.pop("described", None)
+            await Store.get_into(self, *args, **kwargs)
+        else:
+            await super().get_into(*args, **kwargs)
+
+
+@pytest.mark.parametrize("mute", [False, True], ids=["get-describes", "store-says-nothing"])
+def test_a_fetch_is_described_by_its_get_or_by_one_head(tmp_path: Path, mute: bool) -> None:
+    good, bad = os.urandom(3 * MiB), os.urandom(2 * MiB)
+
+    async def test() -> None:
+        store = Counting(tmp_path / "store", mute=mute)
+        meta = {"mode": "600", "uid": "1234", "gid": "1234", "mtime-ns": "5000000000"}
+        await store.put("d/good.bin", good, {**meta, CHECKSUM: xxh(good)})
+        await store.put("d/bad.bin", bad, {**meta, CHECKSUM: xxh(b"something else")})
+        cache = tmp_path / "cache"
+        cache.mkdir()
+        fs = Filesystem(
+            cache,
+            FsOptions(store_url=store.url, reserve_bytes=0),
+            Scheduler(DrainConfig().schedule()),
+        )
+        entries = Entries(fs.table, fs.states, fs.keys, store)
+        listings = Listings(fs.table, fs.states, fs.keys, entries, store, ListingConfig())
+        fetcher = Fetcher(fs.table, fs.states, fs.space, entries, store, FetchConfig())
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(fetcher.run)
+                await listings.refresh(fs.table.get(ROOT_INODE))  # HEADs d/, its marker
+                d = fs.table.lookup(ROOT_INODE, b"d")
+                assert d is not None
+                base = store.heads
+                await listings.refresh(d)
+                assert store.heads == base  # big objects: described later
+                ino = fs.table.lookup(d.id, b"good.bin")
+                assert ino is not None and not entries.known(ino)
+                # Two lookups at once (of a file a warm-up is to fetch) share one fetch and
+                # wait for what its GET says; then an open needs no HEAD of its own.
+                said: list[bool] = []
+
+                async def lookup() -> None:
+                    said.append(await fetcher.described(ino, start=True))
+                    os.close(fs.cache.open(ino.id))  # the cache file is made by now
+
+                async with trio.open_nursery() as both:
+                    for _ in range(2):
+                        both.start_soon(lookup)
+                assert said == [True, True] and entries.known(ino)
+                await fetcher.prepare_open(ino, os.O_RDONLY)
+                await fetcher.ensure_whole(ino)
+                assert ino.state is State.CLEAN and entries.known(ino)
+                assert (ino.mode & 0o7777, ino.uid, ino.mtime_ns) == (0o600, 1234, 5 * 10**9)
+                assert os.pread(fs.cache.open(ino.id), len(good) + 1, 0) == good
+                assert store.heads == base + (1 if mute else 0)
+                # The checksum from either source is checked: a mismatch is EIO.
+                other = fs.table.lookup(d.id, b"bad.bin")
+                assert other is not None
+                with pytest.raises(OSError) as e:
+                    await fetcher.ensure_whole(other)
+                assert e.value.errno == errno.EIO and other.state is State.REMOTE
+                assert store.heads == base + (2 if mute else 0)
+                nursery.cancel_scope.cancel()
+        finally:
+            fs.close()
 
     run(test)

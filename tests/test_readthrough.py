@@ -253,6 +253,21 @@ def test_bad_checksum_is_eio_missing_object_is_enoent(nodes: Nodes) -> None:
     assert problems and all("checksum mismatch" in p for p in problems), problems
 
 
+def test_a_warmup_says_which_files_it_could_not_read(nodes: Nodes) -> None:
+    good = os.urandom(1 << 20)
+    nodes.put("run/step_4/good.pt", good)
+    nodes.put("run/step_4/tampered.pt", os.urandom(3 << 20), {"xxh3-128": "0" * 32})
+    b = nodes.node("b", prefetch=False)
+    b.expect_errors = True  # the checksum mismatch is logged as an error
+    r = b.cli("warmup", str(b.mountpoint / "run/step_4"), "--wait", "--json", check=False)
+    assert r.returncode == 4, (r.stdout, r.stderr)  # not all of it is in the cache
+    job = json.loads(r.stdout)
+    assert job["error"] == "" and (job["fetched_files"], job["failed_files"]) == (1, 1), job
+    assert job["failed"] == [{"path": "run/step_4/tampered.pt", "error": os.strerror(errno.EIO)}]
+    assert (b.mountpoint / "run/step_4/good.pt").read_bytes() == good
+    assert errno_of((b.mountpoint / "run/step_4/tampered.pt").read_bytes) == errno.EIO
+
+
 @pytest.mark.parametrize("nodes", ["s3"], indirect=True)
 def test_a_burst_of_creates_costs_one_listing(nodes: Nodes) -> None:
     proxy = nodes.count_requests()
