@@ -1,13 +1,17 @@
-"""S3 and S3-compatible stores on aiobotocore (httpx2 backend) in an asyncio loop of its own.
+"""S3 and S3-compatible stores on aiobotocore (its aiohttp backend) in an asyncio loop of its own.
 
 The client runs on a dedicated thread with an asyncio event loop; trio awaits each call's
 future, woken through its thread-safe ``run_sync_soon``, so no worker thread blocks per call.
-Measured here with the same client, 512 MiB in 16 MiB parts, 8 in flight: 1.3 s under
-asyncio, 4.4 s under trio (anyio's trio backend), so the client does not share the FUSE
-loop although it could. Cancellation from trio cancels the asyncio task.
+Cancellation from trio cancels the asyncio task. The HTTP layer is aiohttp (C header parser,
+bodies read from asyncio's protocol buffers), not httpx2: measured here against moto, a GET
+of 512 KiB took 2.1-2.8 ms of CPU on aiohttp and 3.3-4.6 ms on httpx2 (boto3: 2.6-3.1 ms),
+and a PUT of 512 KiB 3.5-3.8 ms against 5.1-5.3 ms (ARCHITECTURE.md, "The S3 client").
 
-* Request bodies are :class:`ChunkedBody`: httpx streams them in 1 MiB chunks. A ``bytes`` or
-  ``BytesIO`` body would be iterated by lines: 4 MB/s and ~200 CPU s per GiB, measured.
+* Request bodies are :class:`ChunkedBody`: aiohttp sends them as an async iterable of 1 MiB
+  chunks, with the length botocore measured, while botocore can still read and seek them.
+* A PUT or part asks ``Expect: 100-continue`` (botocore adds it, as boto3 does): its body is
+  sent once the store says it wants it, so a request it refuses (credentials, a bucket
+  policy) costs no upload.
 * botocore's own retries are off (one attempt per call); :mod:`drain.retry` is the one place.
 * Every PUT and every part carries its CRC32 (``x-amz-checksum-crc32``), so the store checks
   the bytes it received (a mismatch is ``BadDigest``, retried: the bytes go again), and a
@@ -37,10 +41,10 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
+import aiohttp
 import botocore.exceptions as bex
 import trio
 from aiobotocore.config import AioConfig
-from aiobotocore.httpxsession import HttpxSession
 from aiobotocore.session import get_session
 
 from ckptgw.drain.store import (
@@ -83,7 +87,8 @@ _TEMPORARY_CODES = {
 
 
 class ChunkedBody:
-    """A request body botocore can read, seek and measure, and httpx streams in big chunks."""
+    """A request body botocore can read, seek and measure, and aiohttp streams in big
+    chunks (its async iteration)."""
 
     def __init__(self, data: bytes) -> None:
         self._data = memoryview(data)
@@ -160,11 +165,9 @@ def translate(e: BaseException, what: str) -> StoreError:
 
 
 def _is_transport_error(e: BaseException) -> bool:
-    try:
-        import httpx2
-    except ImportError:  # pragma: no cover - the dependency is declared
-        return False
-    return isinstance(e, httpx2.TransportError)
+    """aiohttp's errors that reach us unwrapped: while a body streams (a connection reset,
+    a payload cut short) and timeouts."""
+    return isinstance(e, aiohttp.ClientError | asyncio.TimeoutError)
 
 
 def _pwritev_all(fd: int, buffers: list[bytes], offset: int) -> int:
@@ -302,7 +305,6 @@ class S3Store(Store):
         read_timeout: float = 60.0,
     ) -> AsyncIterator[S3Store]:
         config = AioConfig(
-            http_session_cls=HttpxSession,
             # No SHA-256 of every body on the trio thread: integrity comes from TLS and from
             # the xxh3-128 in the object metadata, checked when the object is read back.
             s3={
@@ -409,7 +411,7 @@ class S3Store(Store):
         progress: Progress | None = None,
         described: Described | None = None,
     ) -> None:
-        """The body is written as it arrives, on the client's thread: httpx's chunks are
+        """The body is written as it arrives, on the client's thread: aiohttp's chunks are
         gathered into pieces of :data:`PIECE` bytes and each piece is one ``pwritev`` (no
         joined copy); ``progress`` is handed to trio after each. At most one piece per GET is
         in memory, whatever the range's size. ``described`` gets the response's headers as a
@@ -436,7 +438,7 @@ class S3Store(Store):
             pending: list[bytes] = []
             held = 0
             async with r["Body"] as body:
-                async for chunk in body.raw_stream.aiter_raw():
+                async for chunk in body.raw_stream.content.iter_any():
                     if written + held + len(chunk) > end - start:
                         raise short_read(key, start, end, written + held + len(chunk))
                     pending.append(chunk)

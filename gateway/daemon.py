@@ -69,7 +69,7 @@ def setup_logging(cfg: Config) -> Path:
     fh = logging.handlers.RotatingFileHandler(path, maxBytes=16 << 20, backupCount=3)
     fh.setFormatter(fmt)
     root.addHandler(fh)
-    for noisy in ("httpx", "httpx2", "httpcore", "aiobotocore", "botocore"):
+    for noisy in ("aiohttp", "aiobotocore", "botocore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
     if cfg.foreground and sys.stderr is not None:
         sh = logging.StreamHandler(sys.stderr)

@@ -170,6 +170,8 @@ class FaultProxy:
                 m, p = method.decode(), path.decode()
                 fault = self._take(m, p)
                 headers = _headers(head)
+                if headers.get("expect", "").lower() == "100-continue":
+                    client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # as S3 does: send it
                 if fault is not None and fault.kind == "reset":
                     n = int(headers.get("content-length", "0"))
                     while len(buf) < n // 2:
