@@ -292,12 +292,16 @@ class Fetcher:
     async def described(self, ino: Inode, *, start: bool) -> bool:
         """Wait for a fetch of ``ino`` (started now if ``start``: its content is wanted
         anyway) to learn the object's metadata from its first response, as urgently as a
-        reader waiting for bytes. False if there is no such fetch: the caller HEADs."""
+        reader waiting for bytes. False if there is no such fetch, or it cannot start at once
+        (no room in the cache now: a lookup must not wait for the drain): the caller HEADs."""
         f = self._active.get(ino.id)
         if f is None or f.error is not None:
-            if not start or ino.state is not State.REMOTE:
+            if not start or ino.state is not State.REMOTE or not self.space.fits_now(ino.size):
                 return False
-            f = await self._start(ino)
+            try:
+                f = await self._start(ino)
+            except OSError:
+                return False
             if f is None:
                 return False
         f.waiting += 1

@@ -68,6 +68,10 @@ class CacheSpace:
         disk = st.total_blocks * st.block_size - self.cache.reserve_bytes
         return disk if self.limit is None else min(self.limit, disk)
 
+    def fits_now(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more can be charged at once, without evicting or waiting."""
+        return self._fits(nbytes)
+
     def _fits(self, nbytes: int) -> bool:
         if self.limit is not None and self.cache.used + nbytes > self.limit:
             return False

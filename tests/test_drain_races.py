@@ -575,6 +575,37 @@ class Counting(FileStore):
             await super().get_into(*args, **kwargs)
 
 
+def test_a_lookup_does_not_wait_for_room_to_describe_by_fetching(tmp_path: Path) -> None:
+    """A lookup of a file a warm-up plans would start its fetch, but never waits for the
+    drain to free room for it (``write_wait``): without room now it HEADs instead."""
+    big = os.urandom(3 * MiB)
+
+    async def test() -> None:
+        store = Counting(tmp_path / "store", mute=False)
+        await store.put("big.bin", big, {CHECKSUM: xxh(big)})
+        cache = tmp_path / "cache"
+        cache.mkdir()
+        opts = FsOptions(store_url=store.url, reserve_bytes=0, cache_limit=MiB, write_wait=60)
+        fs = Filesystem(cache, opts, Scheduler(DrainConfig().schedule()))
+        entries = Entries(fs.table, fs.states, fs.keys, store)
+        listings = Listings(fs.table, fs.states, fs.keys, entries, store, ListingConfig())
+        fetcher = Fetcher(fs.table, fs.states, fs.space, entries, store, FetchConfig())
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(fetcher.run)
+                await listings.refresh(fs.table.get(ROOT_INODE))
+                ino = fs.table.lookup(ROOT_INODE, b"big.bin")
+                assert ino is not None and not entries.known(ino)
+                with trio.fail_after(5):
+                    assert not await fetcher.described(ino, start=True)
+                assert ino.state is State.REMOTE and store.heads == 0
+                nursery.cancel_scope.cancel()
+        finally:
+            fs.close()
+
+    run(test)
+
+
 @pytest.mark.parametrize("mute", [False, True], ids=["get-describes", "store-says-nothing"])
 def test_a_fetch_is_described_by_its_get_or_by_one_head(tmp_path: Path, mute: bool) -> None:
     good, bad = os.urandom(3 * MiB), os.urandom(2 * MiB)
