@@ -585,7 +585,7 @@ def test_a_lookup_does_not_wait_for_room_to_describe_by_fetching(tmp_path: Path)
         await store.put("big.bin", big, {CHECKSUM: xxh(big)})
         cache = tmp_path / "cache"
         cache.mkdir()
-        opts = FsOptions(store_url=store.url, reserve_bytes=0, cache_limit=MiB, write_wait=60)
+        opts = FsOptions(store_url=store.url, reserve_bytes=0, cache_limit=4 * MiB, write_wait=60)
         fs = Filesystem(cache, opts, Scheduler(DrainConfig().schedule()))
         entries = Entries(fs.table, fs.states, fs.keys, store)
         listings = Listings(fs.table, fs.states, fs.keys, entries, store, ListingConfig())
@@ -596,6 +596,11 @@ def test_a_lookup_does_not_wait_for_room_to_describe_by_fetching(tmp_path: Path)
                 await listings.refresh(fs.table.get(ROOT_INODE))
                 ino = fs.table.lookup(ROOT_INODE, b"big.bin")
                 assert ino is not None and not entries.known(ino)
+                # 2 of the 4 MiB are dirty (no drain runs here): 3 MiB fits only later.
+                dirty = fs.namespace.create_file(ROOT_INODE, b"dirty.bin", 0o644, ME)
+                fh, _ = await fs.files.open(dirty, os.O_WRONLY)
+                await fs.files.write(fh, 0, os.urandom(2 * MiB))
+                fs.files.release(fh)
                 with trio.fail_after(5):
                     assert not await fetcher.described(ino, start=True)
                 assert ino.state is State.REMOTE and store.heads == 0
