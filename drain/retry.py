@@ -172,9 +172,9 @@ class RetryingStore(Store):
 
         def tell(info: ObjectInfo) -> None:
             nonlocal told
-            if not told and described is not None:
-                told = True
-                described(info)
+            told = True
+            assert described is not None  # passed on only when there is one
+            described(info)
 
         done = 0
 

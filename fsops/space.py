@@ -70,9 +70,6 @@ class CacheSpace:
 
     def fits_now(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more can be charged at once, without evicting or waiting."""
-        return self._fits(nbytes)
-
-    def _fits(self, nbytes: int) -> bool:
         if self.limit is not None and self.cache.used + nbytes > self.limit:
             return False
         return self.cache.disk_room() - self._landing >= nbytes
@@ -88,7 +85,7 @@ class CacheSpace:
         need = end - ino.charged
         if need <= 0:
             return 0
-        if not self._fits(need):
+        if not self.fits_now(need):
             await self._make_room(need, patient)
             need = end - ino.charged  # another write may have charged part of it meanwhile
             if need <= 0:
@@ -102,7 +99,7 @@ class CacheSpace:
         """Before an open for writing whose bytes the daemon will not see (passthrough): the
         cache must have room for more, else the writer waits for the drain like a write, then
         gets ENOSPC. What it writes is charged as it is observed (:meth:`observed`)."""
-        if not self._fits(1):
+        if not self.fits_now(1):
             await self._make_room(1, patient=False)
 
     def keep_headroom(self) -> None:
@@ -110,7 +107,7 @@ class CacheSpace:
         evicting clean files, up to an eighth of the cache (at most 1 GiB). Dirty files
         cannot go: a disk full of them gives the writer the disk's own ENOSPC."""
         headroom = min(1 << 30, self.capacity() // 8)
-        if not self._fits(headroom):
+        if not self.fits_now(headroom):
             self.evict(headroom)
 
     def observed(self, ino: Inode, size: int) -> None:
@@ -119,7 +116,7 @@ class CacheSpace:
         if size > ino.charged:
             self.cache.used += size - ino.charged
             ino.charged = size
-            if not self._fits(0):
+            if not self.fits_now(0):
                 self.evict(0)
 
     def shrink(self, ino: Inode, size: int) -> None:
@@ -129,7 +126,7 @@ class CacheSpace:
 
     async def _make_room(self, need: int, patient: bool) -> None:
         self.evict(need)
-        if self._fits(need):
+        if self.fits_now(need):
             return
         if need > self.capacity():
             raise fs_error(errno.ENOSPC)  # could never fit, however long it waited
@@ -147,7 +144,7 @@ class CacheSpace:
                     break
                 await self.room.wait(min(remaining, 1.0))  # disk space freed by others, too
                 self.evict(need)
-                if self._fits(need):
+                if self.fits_now(need):
                     return
         finally:
             self._waiting -= 1
@@ -165,11 +162,11 @@ class CacheSpace:
 
     def evict(self, need: int) -> None:
         """Evict clean files, least recently used first, until ``need`` bytes fit."""
-        while not self._fits(need):
+        while not self.fits_now(need):
             rows = self.journal.eviction_candidates(64)
             evicted = 0
             for row in rows:
-                if self._fits(need):
+                if self.fits_now(need):
                     return
                 evicted += self._evict_one(row)
             if not evicted:

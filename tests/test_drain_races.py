@@ -575,6 +575,31 @@ class Counting(FileStore):
             await super().get_into(*args, **kwargs)
 
 
+@asynccontextmanager
+async def reader(
+    tmp_path: Path, store: FileStore, **opts: Any
+) -> AsyncIterator[tuple[Filesystem, Entries, Listings, Fetcher]]:
+    """A fresh node's read-through over ``store``: its filesystem, entries, listings and a
+    running fetcher (no drain). ``opts`` go to :class:`FsOptions`."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    fs = Filesystem(
+        cache,
+        FsOptions(store_url=store.url, reserve_bytes=0, **opts),
+        Scheduler(DrainConfig().schedule()),
+    )
+    entries = Entries(fs.table, fs.states, fs.keys, store)
+    listings = Listings(fs.table, fs.states, fs.keys, entries, store, ListingConfig())
+    fetcher = Fetcher(fs.table, fs.states, fs.space, entries, store, FetchConfig())
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(fetcher.run)
+            yield fs, entries, listings, fetcher
+            nursery.cancel_scope.cancel()
+    finally:
+        fs.close()
+
+
 def test_a_lookup_does_not_wait_for_room_to_describe_by_fetching(tmp_path: Path) -> None:
     """A lookup of a file a warm-up plans would start its fetch, but never waits for the
     drain to free room for it (``write_wait``): without room now it HEADs instead."""
@@ -583,30 +608,19 @@ def test_a_lookup_does_not_wait_for_room_to_describe_by_fetching(tmp_path: Path)
     async def test() -> None:
         store = Counting(tmp_path / "store", mute=False)
         await store.put("big.bin", big, {CHECKSUM: xxh(big)})
-        cache = tmp_path / "cache"
-        cache.mkdir()
-        opts = FsOptions(store_url=store.url, reserve_bytes=0, cache_limit=4 * MiB, write_wait=60)
-        fs = Filesystem(cache, opts, Scheduler(DrainConfig().schedule()))
-        entries = Entries(fs.table, fs.states, fs.keys, store)
-        listings = Listings(fs.table, fs.states, fs.keys, entries, store, ListingConfig())
-        fetcher = Fetcher(fs.table, fs.states, fs.space, entries, store, FetchConfig())
-        try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(fetcher.run)
-                await listings.refresh(fs.table.get(ROOT_INODE))
-                ino = fs.table.lookup(ROOT_INODE, b"big.bin")
-                assert ino is not None and not entries.known(ino)
-                # 2 of the 4 MiB are dirty (no drain runs here): 3 MiB fits only later.
-                dirty = fs.namespace.create_file(ROOT_INODE, b"dirty.bin", 0o644, ME)
-                fh, _ = await fs.files.open(dirty, os.O_WRONLY)
-                await fs.files.write(fh, 0, os.urandom(2 * MiB))
-                fs.files.release(fh)
-                with trio.fail_after(5):
-                    assert not await fetcher.described(ino, start=True)
-                assert ino.state is State.REMOTE and store.heads == 0
-                nursery.cancel_scope.cancel()
-        finally:
-            fs.close()
+        async with reader(tmp_path, store, cache_limit=4 * MiB, write_wait=60) as node:
+            fs, entries, listings, fetcher = node
+            await listings.refresh(fs.table.get(ROOT_INODE))
+            ino = fs.table.lookup(ROOT_INODE, b"big.bin")
+            assert ino is not None and not entries.known(ino)
+            # 2 of the 4 MiB are dirty (no drain runs here): 3 MiB fits only later.
+            dirty = fs.namespace.create_file(ROOT_INODE, b"dirty.bin", 0o644, ME)
+            fh, _ = await fs.files.open(dirty, os.O_WRONLY)
+            await fs.files.write(fh, 0, os.urandom(2 * MiB))
+            fs.files.release(fh)
+            with trio.fail_after(5):
+                assert not await fetcher.described(ino, start=True)
+            assert ino.state is State.REMOTE and store.heads == 0
 
     run(test)
 
@@ -620,54 +634,40 @@ def test_a_fetch_is_described_by_its_get_or_by_one_head(tmp_path: Path, mute: bo
         meta = {"mode": "600", "uid": "1234", "gid": "1234", "mtime-ns": "5000000000"}
         await store.put("d/good.bin", good, {**meta, CHECKSUM: xxh(good)})
         await store.put("d/bad.bin", bad, {**meta, CHECKSUM: xxh(b"something else")})
-        cache = tmp_path / "cache"
-        cache.mkdir()
-        fs = Filesystem(
-            cache,
-            FsOptions(store_url=store.url, reserve_bytes=0),
-            Scheduler(DrainConfig().schedule()),
-        )
-        entries = Entries(fs.table, fs.states, fs.keys, store)
-        listings = Listings(fs.table, fs.states, fs.keys, entries, store, ListingConfig())
-        fetcher = Fetcher(fs.table, fs.states, fs.space, entries, store, FetchConfig())
-        try:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(fetcher.run)
-                await listings.refresh(fs.table.get(ROOT_INODE))  # HEADs d/, its marker
-                d = fs.table.lookup(ROOT_INODE, b"d")
-                assert d is not None
-                base = store.heads
-                await listings.refresh(d)
-                assert store.heads == base  # big objects: described later
-                ino = fs.table.lookup(d.id, b"good.bin")
-                assert ino is not None and not entries.known(ino)
-                # Two lookups at once (of a file a warm-up is to fetch) share one fetch and
-                # wait for what its GET says; then an open needs no HEAD of its own.
-                said: list[bool] = []
+        async with reader(tmp_path, store) as node:
+            fs, entries, listings, fetcher = node
+            await listings.refresh(fs.table.get(ROOT_INODE))  # HEADs d/, its marker
+            d = fs.table.lookup(ROOT_INODE, b"d")
+            assert d is not None
+            base = store.heads
+            await listings.refresh(d)
+            assert store.heads == base  # big objects: described later
+            ino = fs.table.lookup(d.id, b"good.bin")
+            assert ino is not None and not entries.known(ino)
+            # Two lookups at once (of a file a warm-up is to fetch) share one fetch and
+            # wait for what its GET says; then an open needs no HEAD of its own.
+            said: list[bool] = []
 
-                async def lookup() -> None:
-                    said.append(await fetcher.described(ino, start=True))
-                    os.close(fs.cache.open(ino.id))  # the cache file is made by now
+            async def lookup() -> None:
+                said.append(await fetcher.described(ino, start=True))
+                os.close(fs.cache.open(ino.id))  # the cache file is made by now
 
-                async with trio.open_nursery() as both:
-                    for _ in range(2):
-                        both.start_soon(lookup)
-                assert said == [True, True] and entries.known(ino)
-                await fetcher.prepare_open(ino, os.O_RDONLY)
-                await fetcher.ensure_whole(ino)
-                assert ino.state is State.CLEAN and entries.known(ino)
-                assert (ino.mode & 0o7777, ino.uid, ino.mtime_ns) == (0o600, 1234, 5 * 10**9)
-                assert os.pread(fs.cache.open(ino.id), len(good) + 1, 0) == good
-                assert store.heads == base + (1 if mute else 0)
-                # The checksum from either source is checked: a mismatch is EIO.
-                other = fs.table.lookup(d.id, b"bad.bin")
-                assert other is not None
-                with pytest.raises(OSError) as e:
-                    await fetcher.ensure_whole(other)
-                assert e.value.errno == errno.EIO and other.state is State.REMOTE
-                assert store.heads == base + (2 if mute else 0)
-                nursery.cancel_scope.cancel()
-        finally:
-            fs.close()
+            async with trio.open_nursery() as both:
+                for _ in range(2):
+                    both.start_soon(lookup)
+            assert said == [True, True] and entries.known(ino)
+            await fetcher.prepare_open(ino, os.O_RDONLY)
+            await fetcher.ensure_whole(ino)
+            assert ino.state is State.CLEAN and entries.known(ino)
+            assert (ino.mode & 0o7777, ino.uid, ino.mtime_ns) == (0o600, 1234, 5 * 10**9)
+            assert os.pread(fs.cache.open(ino.id), len(good) + 1, 0) == good
+            assert store.heads == base + (1 if mute else 0)
+            # The checksum from either source is checked: a mismatch is EIO.
+            other = fs.table.lookup(d.id, b"bad.bin")
+            assert other is not None
+            with pytest.raises(OSError) as e:
+                await fetcher.ensure_whole(other)
+            assert e.value.errno == errno.EIO and other.state is State.REMOTE
+            assert store.heads == base + (2 if mute else 0)
 
     run(test)
