@@ -163,7 +163,10 @@ class DrainEngine:
             return Hold.WRITING
         if ino.syncing > 0:
             return Hold.SYNCING
-        return Ready(self.fs.keys.entry_key(ino), ino.mtime_ns, ino.size if ino.is_reg else 0)
+        return Ready(ino.mtime_ns, ino.size if ino.is_reg else 0)
+
+    def key(self, inode: int) -> str:
+        return self.fs.keys.entry_key(self.table.get(inode))
 
     def dirty(self) -> list[int]:
         return self.journal.dirty_files()

@@ -60,10 +60,10 @@ class ScheduleConfig:
 
 
 class Ready(NamedTuple):
-    """A file that may be uploaded now: the key it goes to, its mtime (for ordering) and
-    size (small files have a lane of their own)."""
+    """A file that may be uploaded now: its mtime (for ordering) and size (small files have a
+    lane of their own). Its key is asked for only once its lane has room
+    (:meth:`Worker.key`): a look is cheap, and a scan passes over many files."""
 
-    key: str
     mtime_ns: int
     size: int = 0
 
@@ -97,6 +97,9 @@ class Hold(enum.Enum):
 class Worker(Protocol):
     def look(self, inode: int) -> Ready | Hold:
         """Whether a due file can be uploaded now."""
+
+    def key(self, inode: int) -> str:
+        """The key a file that :meth:`look` found ready goes to."""
 
     def dirty(self) -> list[int]:
         """Every file waiting to be drained (for a flush of everything)."""
@@ -301,12 +304,13 @@ class Scheduler:
                 continue
             if pending is None:
                 pending = worker.busy_keys()
-            if look.key in busy or look.key in pending:
+            key = worker.key(inode)
+            if key in busy or key in pending:
                 continue
             del self._due[inode]
-            worker.begin(inode, look.key)
-            run = self._running[inode] = _Running(look.key, trio.CancelScope(), small)
-            busy.add(look.key)
+            worker.begin(inode, key)
+            run = self._running[inode] = _Running(key, trio.CancelScope(), small)
+            busy.add(key)
             self._small += small
             big += not small
             nursery.start_soon(self._upload, worker, inode, run)
