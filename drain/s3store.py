@@ -115,8 +115,12 @@ class ChunkedBody:
         while self._pos < len(self._data):
             yield self.read(CHUNK)
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for chunk in self:
+    async def __aiter__(self) -> AsyncIterator[memoryview]:
+        """What aiohttp sends: views of the body, not copies of it."""
+        while self._pos < len(self._data):
+            end = min(len(self._data), self._pos + CHUNK)
+            chunk = self._data[self._pos : end]
+            self._pos = end
             yield chunk
 
 
