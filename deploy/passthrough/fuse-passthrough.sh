@@ -62,7 +62,7 @@ meson setup "$WORK/build" "$WORK/src/fuse3" --prefix="$PREFIX" --libdir=lib --bu
 ninja -C "$WORK/build" install >"$WORK/ninja.log" || { cat "$WORK/ninja.log" >&2; exit 1; }
 
 echo "building pyfuse3 $PYFUSE3 with passthrough against libfuse $version"
-"$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary :all: \
+"$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary pyfuse3 \
     "pyfuse3==$PYFUSE3" -d "$WORK/py"
 tar -xzf "$WORK/py/pyfuse3-$PYFUSE3.tar.gz" -C "$WORK/py"
 patch -s -p1 -d "$WORK/py/pyfuse3-$PYFUSE3" <"$HERE/pyfuse3-passthrough.patch"
