@@ -1,8 +1,8 @@
-"""Open files and the data path: open, read, write, release, fsync.
+"""Open files and the data path: open, read, write, flush, release, fsync.
 
 An open takes one of two data paths (:mod:`fsops.passthrough`): the kernel's, reading and
 writing the cache file itself, or the daemon's, below. On the kernel's, the daemon learns
-what was written at fsync, release, getattr and setattr (:meth:`OpenFiles.observe`),
+what was written at flush, fsync, release, getattr and setattr (:meth:`OpenFiles.observe`),
 and a file opened for writing is made dirty at open, before the kernel can write a byte.
 
 On the daemon's path, ``write`` returns once the bytes are in the cache file (the OS page
@@ -189,6 +189,12 @@ class OpenFiles:
         ino.mtime_ns = ino.ctime_ns = time.time_ns()
         ino.attrs_dirty = True
         return n
+
+    def flush(self, fh: int) -> None:
+        ino = self.handle(fh).inode
+        self.observe(ino)
+        if ino.attrs_dirty:
+            self.table.persist(ino)
 
     def release(self, fh: int) -> None:
         h = self._handles.pop(fh, None)

@@ -265,11 +265,7 @@ class Operations(pyfuse3.Operations):
         return await self.files.write(fh, off, buf)
 
     async def flush(self, fh: int) -> None:
-        # Every close() sends FLUSH, and nothing here needs it: the kernel writes back its
-        # dirty pages (and reports their errors) before it would send it, and RELEASE does
-        # what is left (what a passthrough writer wrote, the attributes). ENOSYS once tells
-        # the kernel never to send it again on this mount: a request less per close.
-        raise pyfuse3.FUSEError(errno.ENOSYS)
+        self.files.flush(fh)
 
     async def release(self, fh: int) -> None:
         self.files.release(fh)

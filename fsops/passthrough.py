@@ -23,7 +23,7 @@ The disk reserve (the room the journal always has) cannot be checked write by wr
 kernel writes: it is held as a file instead, and given back to the journal when the disk
 fills (:meth:`Passthrough.check_room`).
 
-The daemon still sees open, fsync, release, getattr and setattr, which is where it
+The daemon still sees open, flush, fsync, release, getattr and setattr, which is where it
 learns what the kernel wrote: :meth:`fsops.files.OpenFiles.observe` reads the cache file's
 size and mtime.
 """
