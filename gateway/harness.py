@@ -17,7 +17,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from ckptgw.gateway import registry
+from ckptgw.gateway import client, registry
 from ckptgw.gateway.mountpoint import mounted_fstype
 
 
@@ -91,6 +91,13 @@ class Gateway:
         """``ckptgw status --json`` of this gateway."""
         doc: dict[str, Any] = json.loads(self.cli("status", str(self.mountpoint), "--json").stdout)
         return doc
+
+    def control(self) -> client.Mount:
+        """This gateway's control socket, for requests (``pending``, ``flush``, ...)."""
+        entry = self._entry()
+        if entry is None:
+            raise GatewayError(f"no daemon registered for {self.mountpoint}")
+        return client.Mount(self.mountpoint, entry)
 
     def _entry(self) -> registry.Entry | None:
         old = os.environ.get("CKPTGW_RUNTIME_DIR")
