@@ -9,8 +9,9 @@ For each checkpoint size (256 MiB to 4 GiB by default):
   directory on the cache disk; and the daemon's CPU seconds per GiB saved (target 0.05);
 - cold read of the cached clean file (``torch.load`` after dropping the page cache), against
   the same from the disk (root only: it drops caches);
-- time to durable: from the save's return until the object is complete in the bucket, against
-  boto3 uploading the same bytes (its transfer manager, same part size and parts in flight);
+- time to durable: from the save's return until the object is complete in the bucket (the
+  gateway's word, then checked in the bucket: :meth:`Bench.wait_durable`), against boto3
+  uploading the same bytes (its transfer manager, same part size and parts in flight);
 - drain CPU seconds per GiB (the daemon's, during the drain) against boto3's, and the peak
   resident memory of each;
 Then a DCP save of many files (mount against disk, and until all are in the bucket against
