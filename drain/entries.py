@@ -17,6 +17,7 @@ import stat
 import time
 
 from ckptgw.drain.store import ObjectInfo, Store, StoreError
+from ckptgw.fsops.contentsum import parts_checksum
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
 from ckptgw.fsops.journal import InodeRow, State
 from ckptgw.fsops.objectmeta import EntryMeta, decode
@@ -27,12 +28,17 @@ log = logging.getLogger(__name__)
 
 
 def read_meta(info: ObjectInfo) -> EntryMeta:
-    """The entry an object stands for; metadata we cannot read counts as none (a plain file)."""
+    """The entry an object stands for; metadata we cannot read counts as none (a plain file).
+    A multipart upload's checksum is its part size with the store's CRC32, if ``info`` has it
+    (a HEAD's, not a ranged GET's)."""
     try:
-        return decode(info.metadata)
+        meta = decode(info.metadata)
     except ValueError as e:
         log.warning("ignoring unreadable metadata of %s: %s", info.key, e)
         return EntryMeta()
+    if meta.checksum is None and meta.part_size is not None and info.crc32:
+        meta.checksum = parts_checksum(meta.part_size, info.crc32)
+    return meta
 
 
 def apply_attrs(row: InodeRow, meta: EntryMeta) -> None:

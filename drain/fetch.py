@@ -20,12 +20,16 @@ reader is waiting for first, then to read-ahead of files that are open, then to 
 (:mod:`drain.prefetch`). Ranges go in file order from where the reader is (sequential
 read-ahead), ranges a reader waits for first.
 
-The xxh3-128 of the content is computed as the bytes become contiguous from the start (read
-back from the page cache by one hashing task per fetch), so verification needs no pass after
-the last byte but the unhashed tail; the read that completes the file returns only after it.
-A mismatch fails every read of the file with EIO and is logged; the cache file is dropped and
-the next open tries again. Objects without a checksum (written by other tools) are not
-verified. A verified file becomes clean: cached, evictable, read locally from then on.
+The content checksum (:mod:`fsops.contentsum`: the xxh3-128 in a single PUT's metadata, or
+the CRC32 of each part of a multipart upload, whose part size the metadata names) is computed
+as the bytes become contiguous from the start (read back from the page cache by one hashing
+task per fetch), so verification needs no pass after the last byte but the unhashed tail; the
+read that completes the file returns only after it. A multipart upload's value is the store's
+CRC32, which a ranged GET does not report: unless a HEAD brought it (a lookup's), one HEAD
+asks for it at the end. A mismatch fails every read of the file with EIO and is logged; the
+cache file is dropped and the next open tries again. Objects without a checksum (written by
+other tools, or a multipart upload on a store that keeps no CRC32) are not verified. A
+verified file becomes clean: cached, evictable, read locally from then on.
 
 Opening for writing fetches the whole file first (O_TRUNC fetches nothing).
 """
@@ -42,10 +46,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import trio
-import xxhash
 
 from ckptgw.drain.entries import Entries, read_meta
 from ckptgw.drain.store import NotFound, ObjectInfo, Stale, Store, StoreError
+from ckptgw.fsops.contentsum import Hasher, part_size_of
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
 from ckptgw.fsops.journal import State
 from ckptgw.fsops.space import CacheSpace
@@ -136,6 +140,9 @@ class _Fetch:
         self.fd = -1  # the cache file, once made
         self.size = ino.size
         self.checksum = ino.checksum
+        self.part_size = part_size_of(ino.checksum)  # of a multipart upload: hash CRC32s
+        self.ask_checksum = False  # its metadata names a part size, the store's CRC32 unknown
+        self.hasher: Hasher | None = None  # made when hashing starts (the form known by then)
         # Set once the object's metadata (its checksum, the entry's attributes) is known:
         # from the first GET's response for an entry not yet described (no HEAD), or when
         # the fetch ends.
@@ -155,7 +162,6 @@ class _Fetch:
         self.hashed = 0  # bytes hashed, from the start
         self.error: int | None = None
         self.verified = False
-        self.digest = ""
         self.landing = 0  # charged to the cache space, not yet written
         self.failed_at = 0.0
         self.finished = trio.Event()
@@ -371,10 +377,10 @@ class Fetcher:
                 nursery.start_soon(self._hash, f)
                 for _ in range(min(self.config.parallel, f.count)):
                     nursery.start_soon(self._worker, f)
-            if f.error is None and not f.described.is_set():
-                await self._head(f)  # the store's GETs said nothing of the object
+            if f.error is None and (not f.described.is_set() or f.ask_checksum):
+                await self._head(f)  # the store's GETs said nothing of the object, or not all
             if f.error is None:
-                self._verify(f)
+                await self._verify(f)
         except Exception:
             log.exception("fetching %s failed unexpectedly", f.key)
             f.fail(errno.EIO)
@@ -458,10 +464,18 @@ class Fetcher:
         if f.etag is not None and info.etag != f.etag:
             f.fail(errno.ESTALE)  # a store that ignored If-Match
             return
-        if f.checksum is None:
-            f.checksum = read_meta(info).checksum
+        self._checksum_of(f, info)
         self.entries.read_by_get(f.ino, info)
         f.described.set()
+
+    def _checksum_of(self, f: _Fetch, info: ObjectInfo) -> None:
+        if f.checksum is not None:
+            return
+        meta = read_meta(info)
+        f.checksum = meta.checksum
+        if meta.checksum is None and meta.part_size is not None:
+            f.part_size = meta.part_size  # known before any byte: the GET's headers say it
+            f.ask_checksum = info.crc32 is None
 
     async def _head(self, f: _Fetch) -> None:
         """The object's metadata for a fetch whose GETs did not bring it."""
@@ -473,21 +487,27 @@ class Fetcher:
             return
         if info is None:
             f.fail(errno.ENOENT)
-        else:
+        elif not f.described.is_set():
             self._told(f, info)
+        elif f.etag is not None and info.etag != f.etag:
+            f.fail(errno.ESTALE)  # rewritten since the fetch's GETs
+        else:
+            f.ask_checksum = False
+            self._checksum_of(f, info)
 
     async def _hash(self, f: _Fetch) -> None:
         """Hash the content as it becomes contiguous from the start, reading it back from the
         cache file (the page cache: it was just written)."""
-        hasher = xxhash.xxh3_128()
         while f.error is None and f.hashed < f.size:
             upto = f.contiguous()
             if upto == f.hashed:
                 await f.changed.wait()
                 continue
             start = f.hashed
+            # Made at the first bytes: the first response described the object before them.
+            hasher = f.hasher = f.hasher or Hasher(f.part_size)
 
-            def run(start: int = start, upto: int = upto) -> None:
+            def run(start: int = start, upto: int = upto, hasher: Hasher = hasher) -> None:
                 buf = bytearray(min(HASH_PIECE, upto - start))
                 view = memoryview(buf)
                 pos = start
@@ -503,21 +523,27 @@ class Fetcher:
             else:
                 await trio.to_thread.run_sync(run)
             f.hashed = upto
-        f.digest = hasher.hexdigest()
 
-    def _verify(self, f: _Fetch) -> None:
-        got = f.digest
+    async def _verify(self, f: _Fetch) -> None:
+        hasher = f.hasher or Hasher(f.part_size)  # (none: an empty file)
         ino = f.ino
-        if f.checksum is not None and got != f.checksum:
-            log.error(
-                "checksum mismatch in %s: the store's metadata says %s, the content is %s; "
-                "reads of it fail with EIO",
-                f.key,
-                f.checksum,
-                got,
-            )
-            f.fail(errno.EIO)
-            return
+        if f.checksum is None:
+            got = hasher.digest()
+        else:
+            ok = hasher.matches(f.checksum)
+            if ok is None:  # hashed in another form before the checksum was known
+                ok = await trio.to_thread.run_sync(_rehash, f.fd, f.size, f.checksum)
+            if not ok:
+                log.error(
+                    "checksum mismatch in %s: the store says %s, the content is %s; "
+                    "reads of it fail with EIO",
+                    f.key,
+                    f.checksum,
+                    hasher.digest(),
+                )
+                f.fail(errno.EIO)
+                return
+            got = f.checksum
         if ino.state is State.REMOTE and ino.stored_etag == f.etag:
             self.states.fetched(ino, got)
         f.verified = True
@@ -529,3 +555,16 @@ class Fetcher:
         if f.ino.state is State.REMOTE:
             self.cache.create(f.ino.id)
             self.space.shrink(f.ino, 0)
+
+
+def _rehash(fd: int, size: int, expected: str) -> bool:
+    """Whether the cache file's content has the checksum ``expected``, read whole again."""
+    hasher = Hasher(part_size_of(expected))
+    pos = 0
+    while pos < size:
+        data = os.pread(fd, min(HASH_PIECE, size - pos), pos)
+        if not data:
+            raise OSError(errno.EIO, "short read of a fetched cache file")
+        hasher.update(data)
+        pos += len(data)
+    return bool(hasher.matches(expected))

@@ -2,9 +2,10 @@
 
 An object is a file at ``PATH/<key>``, written as temp file + fsync + rename + fsync of the
 directory, so a reader never sees half an object. Metadata is kept in the ``user.ckptgw``
-extended attribute (as JSON). Multipart uploads are staged under ``PATH/.ckptgw-uploads/<id>/``
-with one file per part, so resuming works as it does on S3. All blocking I/O runs on worker
-threads.
+extended attribute (as JSON); a completed multipart upload's COMPOSITE CRC32, as S3 keeps one,
+in ``user.ckptgw.crc32`` (computed as the parts are joined). Multipart uploads are staged
+under ``PATH/.ckptgw-uploads/<id>/`` with one file per part, so resuming works as it does on
+S3. All blocking I/O runs on worker threads.
 
 A directory marker ``a/b/`` (a key ending in "/", see :class:`~drain.store.Store`) is the
 empty file ``PATH/a/b/.ckptgw-dir``, its metadata in the same xattr; objects under ``a/b/``
@@ -27,6 +28,7 @@ import os
 import shutil
 import stat
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -51,6 +53,7 @@ from ckptgw.drain.store import (
     short_read,
 )
 from ckptgw.drain.storeurl import StoreURL
+from ckptgw.fsops.contentsum import composite, crc32_b64
 
 T = TypeVar("T")
 _INTERNAL = ".ckptgw-"
@@ -58,6 +61,7 @@ _MARKER = f"{_INTERNAL}dir"  # the file of a directory marker, in its directory
 _PRIVATE = {f"{_INTERNAL}tmp", f"{_INTERNAL}uploads", _MARKER}  # the store's own at the root
 _TAGS = "user.ckptgw.tags"
 _XATTR = "user.ckptgw"
+_CRC = "user.ckptgw.crc32"  # a multipart upload's COMPOSITE CRC32 ("<b64>-<parts>"), as S3's
 _COPY_CHUNK = 8 << 20
 
 
@@ -66,8 +70,19 @@ def _etag(st: os.stat_result) -> str:
     return f"{st.st_size:x}-{st.st_mtime_ns:x}-{st.st_ino:x}"
 
 
-def _info(key: str, st: os.stat_result, metadata: dict[str, str] | None = None) -> ObjectInfo:
-    return ObjectInfo(key, st.st_size, _etag(st), metadata or {}, st.st_mtime)
+def _info(
+    key: str, st: os.stat_result, metadata: dict[str, str] | None = None, crc32: str | None = None
+) -> ObjectInfo:
+    return ObjectInfo(key, st.st_size, _etag(st), metadata or {}, st.st_mtime, crc32)
+
+
+def _described(key: str, file: Path | int, st: os.stat_result) -> ObjectInfo:
+    """What a HEAD says: with the metadata and the store's CRC32 (a multipart upload's)."""
+    try:
+        crc: str | None = os.getxattr(file, _CRC).decode()
+    except OSError:
+        crc = None
+    return _info(key, st, _meta_of(file), crc)
 
 
 def _meta_of(file: Path | int) -> dict[str, str]:
@@ -144,10 +159,14 @@ class FileStore(Store):
 
         await self._run(f"checking store {self.root}", go)
 
-    def _install(self, tmp: Path, dst: Path, metadata: dict[str, str]) -> str:
+    def _install(
+        self, tmp: Path, dst: Path, metadata: dict[str, str], crc32: bytes | None = None
+    ) -> str:
         """Move a fully written, fsynced temp file into place, durably; returns its ETag."""
         with contextlib.suppress(OSError):
             os.setxattr(tmp, _XATTR, json.dumps(metadata).encode())
+            if crc32 is not None:
+                os.setxattr(tmp, _CRC, crc32)
         etag = _etag(os.stat(tmp))  # a new inode: the ETag differs from the object it replaces
         dst.parent.mkdir(parents=True, exist_ok=True)
         os.rename(tmp, dst)
@@ -206,7 +225,7 @@ class FileStore(Store):
                 if etag is not None and _etag(st) != etag:
                     raise Stale(f"GET {key}: the object changed (ETag is no longer {etag})")
                 if described is not None:
-                    trio.from_thread.run_sync(described, _info(key, st, _meta_of(f.fileno())))
+                    trio.from_thread.run_sync(described, _described(key, f.fileno(), st))
                 done = 0
                 while done < end - start:
                     data = os.pread(f.fileno(), min(PIECE, end - start - done), start + done)
@@ -229,7 +248,7 @@ class FileStore(Store):
                 return None
             if not os.path.isfile(path):
                 return None
-            return _info(key, st, _meta_of(path))
+            return _described(key, path, st)
 
         return await self._run(f"HEAD {key}", go)
 
@@ -279,7 +298,11 @@ class FileStore(Store):
             shutil.copyfile(s, tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-            return self._install(tmp, d, _meta_of(s) if metadata is None else metadata)
+            try:
+                crc: bytes | None = os.getxattr(s, _CRC)  # the same content: the same checksum
+            except OSError:
+                crc = None
+            return self._install(tmp, d, _meta_of(s) if metadata is None else metadata, crc)
 
         return await self._run(what, go)
 
@@ -393,7 +416,9 @@ class FileStore(Store):
         _fsync_dir(d)
         return etag
 
-    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+    async def upload_part(
+        self, key: str, upload_id: str, number: int, data: bytes, crc32: int | None = None
+    ) -> str:
         d, what = self._upload_dir(upload_id), f"PART {number} of {key}"
 
         def fill(f: BinaryIO) -> str:
@@ -452,6 +477,7 @@ class FileStore(Store):
             info = json.loads((d / "upload.json").read_text())
             self._tmp.mkdir(parents=True, exist_ok=True)
             tmp = self._tmp / uuid.uuid4().hex
+            crcs = []
             with open(tmp, "wb") as out:
                 for n, etag in enumerate(etags, 1):
                     part = d / f"part-{n:05}.{etag}"
@@ -461,11 +487,16 @@ class FileStore(Store):
                             temporary=False,
                             code="InvalidPart",
                         )
+                    crc = 0
                     with open(part, "rb") as src:
-                        shutil.copyfileobj(src, out, 8 << 20)
+                        while chunk := src.read(_COPY_CHUNK):
+                            out.write(chunk)
+                            crc = zlib.crc32(chunk, crc)
+                    crcs.append(crc)
                 out.flush()
                 os.fsync(out.fileno())
-            etag = self._install(tmp, dst, info["metadata"])
+            value = f"{crc32_b64(composite(crcs))}-{len(crcs)}".encode()
+            etag = self._install(tmp, dst, info["metadata"], value)
             shutil.rmtree(d)
             return etag
 

@@ -43,11 +43,12 @@ class Histogram:
 class DrainStats:
     bytes: int = 0  # bytes sent to the store (parts and single PUTs that succeeded)
     files: int = 0  # uploads completed
+    read: int = 0  # bytes read from cache files for uploads: each byte once per upload
     part_seconds: Histogram = field(default_factory=Histogram)  # per part or single PUT
 
 
 # What an upload is doing (UploadProgress.phase), in order.
-CHECKSUM = "checksum"  # reading the file for its xxh3 (the metadata needs it first)
+CHECKSUM = "checksum"  # a single PUT's file read for its body and xxh3 (the metadata's)
 SENDING = "sending"  # single PUT or parts
 COMPLETING = "completing"  # every part is there; CompleteMultipartUpload is under way
 

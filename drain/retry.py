@@ -36,6 +36,7 @@ from ckptgw.drain.store import (
     Upload,
     check_copy,
 )
+from ckptgw.fsops.objectmeta import PART_SIZE
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -250,7 +251,10 @@ class RetryingStore(Store):
         if info.size <= limit:
             return await self._retry(what, lambda: self.inner.copy(src, dst, metadata))
         new_metadata = info.metadata if metadata is None else metadata
-        return await self._copy_in_parts(info, dst, new_metadata, min(limit, MAX_PART))
+        part = min(limit, MAX_PART)
+        if PART_SIZE in new_metadata:  # the copy's checksum is the CRC32 of its own parts
+            new_metadata = {**new_metadata, PART_SIZE: str(part)}
+        return await self._copy_in_parts(info, dst, new_metadata, part)
 
     async def _copy_in_parts(
         self, src: ObjectInfo, dst: str, metadata: dict[str, str], part: int
@@ -295,10 +299,12 @@ class RetryingStore(Store):
             f"create upload of {key}", lambda: self.inner.create_multipart(key, metadata)
         )
 
-    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+    async def upload_part(
+        self, key: str, upload_id: str, number: int, data: bytes, crc32: int | None = None
+    ) -> str:
         return await self._retry(
             f"part {number} of {key}",
-            lambda: self.inner.upload_part(key, upload_id, number, data),
+            lambda: self.inner.upload_part(key, upload_id, number, data, crc32),
         )
 
     async def list_parts(self, key: str, upload_id: str) -> dict[int, str]:

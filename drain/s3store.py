@@ -30,7 +30,6 @@ and a PUT of 512 KiB 3.5-3.8 ms against 5.1-5.3 ms (ARCHITECTURE.md, "The S3 cli
 from __future__ import annotations
 
 import asyncio
-import base64
 import concurrent.futures
 import contextlib
 import datetime
@@ -66,6 +65,7 @@ from ckptgw.drain.store import (
     short_read,
 )
 from ckptgw.drain.storeurl import StoreURL
+from ckptgw.fsops.contentsum import crc32_b64
 
 CHUNK = 1 << 20
 INLINE_CRC = 1 << 20  # bodies up to this size have their CRC32 computed on the caller's thread
@@ -194,7 +194,7 @@ async def crc32_of(data: bytes) -> str:
         crc = zlib.crc32(data)
     else:  # zlib releases the GIL: 16 MiB is about 4 ms of a core
         crc = await trio.to_thread.run_sync(zlib.crc32, data)
-    return base64.b64encode(crc.to_bytes(4, "big")).decode()
+    return crc32_b64(crc)
 
 
 def _listed(o: dict[str, Any]) -> ObjectInfo:
@@ -205,8 +205,14 @@ def _listed(o: dict[str, Any]) -> ObjectInfo:
 
 def _info(key: str, r: dict[str, Any], size: int) -> ObjectInfo:
     """What a HEAD's (or a GET's) response says of the object."""
+    crc = r.get("ChecksumCRC32")
     return ObjectInfo(
-        key, size, str(r["ETag"]), dict(r.get("Metadata", {})), _timestamp(r.get("LastModified"))
+        key,
+        size,
+        str(r["ETag"]),
+        dict(r.get("Metadata", {})),
+        _timestamp(r.get("LastModified")),
+        str(crc) if crc else None,
     )
 
 
@@ -249,31 +255,30 @@ class LoopThread:
         cancelled here is no longer in flight when this returns: a delete of the same key
         after a cancelled PUT cannot be overtaken by it on our side."""
         token = trio.lowlevel.current_trio_token()
-        done, ended = trio.Event(), trio.Event()
+        done = trio.Event()
         running: list[asyncio.Task[T]] = []
-
-        def set_soon(event: trio.Event) -> None:
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(event.set)
 
         async def job() -> T:
             task = asyncio.current_task()
             assert task is not None
             running.append(task)
-            try:
-                return await make()
-            finally:
-                set_soon(ended)
+            return await make()
+
+        def finished(_: object) -> None:
+            # The future is done once the task has ended (or was cancelled before it began):
+            # one wake-up of trio per call, for its result and for a cancel alike.
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
 
         fut = asyncio.run_coroutine_threadsafe(job(), self.loop)
-        fut.add_done_callback(lambda _: set_soon(done))
+        fut.add_done_callback(finished)
         try:
             await done.wait()
         except BaseException:
             if running:  # started: cancel it and wait for it to end
                 self.loop.call_soon_threadsafe(running[0].cancel)
                 with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_WAIT):
-                    await ended.wait()
+                    await done.wait()
             fut.cancel()
             raise
         return fut.result()
@@ -309,8 +314,9 @@ class S3Store(Store):
         read_timeout: float = 60.0,
     ) -> AsyncIterator[S3Store]:
         config = AioConfig(
-            # No SHA-256 of every body on the trio thread: integrity comes from TLS and from
-            # the xxh3-128 in the object metadata, checked when the object is read back.
+            # No SHA-256 of every body on the trio thread: integrity comes from TLS, the CRC32
+            # of every PUT and part (which the store checks) and the content checksum, checked
+            # when the object is read back (fsops.contentsum).
             s3={
                 "addressing_style": "path" if endpoint_url else "auto",
                 "payload_signing_enabled": False,
@@ -461,7 +467,9 @@ class S3Store(Store):
 
     async def head(self, key: str) -> ObjectInfo | None:
         try:
-            r = await self._call(f"HEAD {key}", "head_object", Key=key)
+            # ChecksumMode: the store's CRC32 of the object, which checks a multipart upload's
+            # content (no body, so botocore validates nothing itself).
+            r = await self._call(f"HEAD {key}", "head_object", Key=key, ChecksumMode="ENABLED")
         except NotFound:
             return None
         return _info(key, r, int(r["ContentLength"]))
@@ -610,11 +618,14 @@ class S3Store(Store):
         self._crcs[upload_id] = {}
         return upload_id
 
-    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+    async def upload_part(
+        self, key: str, upload_id: str, number: int, data: bytes, crc32: int | None = None
+    ) -> str:
         kwargs: dict[str, Any] = {}
         crcs = self._crcs.get(upload_id)
         if crcs is not None:
-            kwargs["ChecksumCRC32"] = crc = await crc32_of(data)
+            crc = crc32_b64(crc32) if crc32 is not None else await crc32_of(data)
+            kwargs["ChecksumCRC32"] = crc
         r = await self._call(
             f"PART {number} of {key}",
             "upload_part",

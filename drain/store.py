@@ -84,6 +84,9 @@ class ObjectInfo:
     etag: str
     metadata: dict[str, str] = field(default_factory=dict)  # empty in listings
     mtime: float = 0.0  # last modified, seconds since the epoch
+    # The store's CRC32 of the object, base64 ("<b64>-<parts>": of its parts' CRC32s), where a
+    # HEAD asked for it and the store keeps one: checks a multipart upload (fsops.contentsum).
+    crc32: str | None = None
 
 
 @dataclass(frozen=True)
@@ -248,8 +251,11 @@ class Store(abc.ABC):
         """Start a multipart upload; returns its upload id. Refused for a directory marker."""
 
     @abc.abstractmethod
-    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
-        """Upload part ``number`` (1-based); returns its ETag."""
+    async def upload_part(
+        self, key: str, upload_id: str, number: int, data: bytes, crc32: int | None = None
+    ) -> str:
+        """Upload part ``number`` (1-based); returns its ETag. ``crc32``: the part's, if the
+        caller computed it (else the store computes what it needs)."""
 
     @abc.abstractmethod
     async def copy_part(

@@ -6,12 +6,18 @@ entry is (:mod:`fsops.objectmeta`).
 
 Single PUT up to the multipart threshold; above it, a multipart upload whose parts go in
 parallel (bounded by a limiter shared by all uploads, so memory stays at most
-``max_parts * part_size``). The upload record and every finished part are journaled. A
-restart with the same generation, key, size and content (its checksum, computed again)
-resumes: the journal's parts that the store still lists are kept, and only the rest are sent.
+``max_parts * part_size``). The upload record and every finished part are journaled.
 
-The content checksum (xxh3-128) is computed before the upload starts, because object metadata
-is fixed when the upload is created.
+Each byte of the cache file is read once per upload, and the content checksum computed in
+that read (:mod:`fsops.contentsum`): a single PUT's xxh3-128 goes in its metadata; a part's
+CRC32 goes with the part (the store checks it) and into the journal, and the object's
+checksum is the CRC32 of its parts' CRC32s, which the store keeps (the metadata, fixed at
+CreateMultipartUpload, names the part size). ``DrainStats.read`` counts the bytes read.
+
+A restart with the same generation, key and size resumes: a part the journal has and the
+store still lists is read again (its one read in this upload) and kept if its CRC32 is the
+one journaled when it was sent; a part written since (a dirty file takes writes without a new
+generation, e.g. after a failed attempt) goes again under its number.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -27,6 +34,7 @@ import xxhash
 
 from ckptgw.drain.progress import COMPLETING, SENDING, DrainStats, UploadProgress
 from ckptgw.drain.store import NotFound, Store, StoreError, part_size_for
+from ckptgw.fsops.contentsum import PARTS, composite, crc32_b64, part_size_of, parts_checksum
 from ckptgw.fsops.inodes import Inode, InodeTable
 from ckptgw.fsops.journal import UploadRow
 from ckptgw.fsops.objectmeta import CHECKSUM, encode
@@ -36,7 +44,6 @@ from ckptgw.fsops.storekeys import StoreKeys
 log = logging.getLogger(__name__)
 
 META_CHECKSUM = CHECKSUM
-HASH_CHUNK = 8 << 20
 INLINE_READ = 1 << 20  # files up to this size are read on the event loop when cached
 # Seconds a CreateMultipartUpload may hold off a cancel (a change, an unmount) so that its id
 # is journaled; past this the answer is given up and the upload left to the orphan sweep.
@@ -51,18 +58,6 @@ class UploadConfig:
 
 class Changed(Exception):
     """The file changed (or went) while it was read for the upload."""
-
-
-def _hash_file(fd: int, size: int) -> str:
-    h = xxhash.xxh3_128()
-    pos = 0
-    while pos < size:
-        chunk = os.pread(fd, min(HASH_CHUNK, size - pos), pos)
-        if not chunk:
-            raise Changed("the cache file is shorter than the file")
-        h.update(chunk)
-        pos += len(chunk)
-    return h.hexdigest()
 
 
 def _read_hashed(fd: int, size: int) -> tuple[bytes, str]:
@@ -90,6 +85,12 @@ def _read(fd: int, size: int, off: int) -> bytes:
     if len(data) != size:
         raise Changed("the cache file is shorter than the file")
     return data
+
+
+def _read_part(fd: int, size: int, off: int) -> tuple[bytes, int]:
+    """A part's bytes and their CRC32: one read for both (zlib releases the GIL)."""
+    data = _read(fd, size, off)
+    return data, zlib.crc32(data)
 
 
 def _reason(group: BaseExceptionGroup) -> BaseException:
@@ -168,47 +169,22 @@ class Uploader:
         fd = self.table.cache.open(ino.id)
         try:
             record = self.journal.get_upload(ino.id)
-            resumable = (
-                record is not None
-                and record.generation == generation
+            if record is not None and not (
+                record.generation == generation
                 and record.key == key
                 and record.size == size
-            )
-            if record is not None and not resumable:
+                # A multipart upload resumes only with its parts' CRC32s journaled (an older
+                # version's record names an xxh3-128 of the whole file instead).
+                and (size <= self.config.multipart_threshold or part_size_of(record.checksum))
+            ):
                 await self.discard(record)
                 record = None
-            t0 = trio.current_time()
-            data = b""
-            if size <= self.config.multipart_threshold:  # one read for the sum and the PUT
-                # Up to 1 MiB in the page cache is read and hashed here (about 0.1 ms): a
-                # thread's round trip cost more than that, per file of a sharded save.
-                read = _read_hashed_cached(fd, size) if size <= INLINE_READ else None
-                if read is None:
-                    read = await trio.to_thread.run_sync(_read_hashed, fd, size)
-                data, checksum = read
-            else:
-                checksum = await trio.to_thread.run_sync(_hash_file, fd, size)
-            _check(ino, generation)
-            progress.phase = SENDING
-            if record is not None and record.checksum != checksum:
-                # Written since those parts were sent, in the same generation (a dirty file
-                # takes writes without a new one, e.g. after a failed attempt): start over.
-                log.info("not resuming the upload of %s: the file changed since", key)
-                await self.discard(record)
-                record = None
-            if record is None:
-                log.debug(
-                    "uploading %s: %d bytes, checksummed in %.2f s",
-                    key,
-                    size,
-                    trio.current_time() - t0,
-                )
-                record = UploadRow(ino.id, generation, key, None, 0, size, checksum)
-            meta = self._metadata(ino, size, record.checksum)
             if size <= self.config.multipart_threshold:
-                etag = await self._single(ino, data, record, meta, progress)
+                etag, record = await self._single(ino, fd, generation, key, record, progress)
             else:
-                etag = await self._multipart(ino, fd, record, meta, progress)
+                if record is None:
+                    record = UploadRow(ino.id, generation, key, None, 0, size, "")
+                etag = await self._multipart(ino, fd, record, progress)
         finally:
             os.close(fd)
         clean = self._finish(ino, record, etag)
@@ -233,24 +209,38 @@ class Uploader:
     async def _single(
         self,
         ino: Inode,
-        data: bytes,
-        record: UploadRow,
-        meta: dict[str, str],
+        fd: int,
+        generation: int,
+        key: str,
+        record: UploadRow | None,
         progress: UploadProgress,
-    ) -> str:
+    ) -> tuple[str, UploadRow]:
+        """One PUT; one read of the file for its body and its xxh3-128."""
+        size = ino.size
+        # Up to 1 MiB in the page cache is read and hashed here (about 0.1 ms): a thread's
+        # round trip cost more than that, per file of a sharded save.
+        read = _read_hashed_cached(fd, size) if size <= INLINE_READ else None
+        if read is None:
+            read = await trio.to_thread.run_sync(_read_hashed, fd, size)
+        data, checksum = read
+        self.drained.read += size
+        _check(ino, generation)
+        progress.phase = SENDING
+        if record is not None and record.checksum != checksum:
+            # Written since, in the same generation (a dirty file takes writes without a new
+            # one, e.g. after a failed attempt).
+            await self.discard(record)
+        record = UploadRow(ino.id, generation, key, None, 0, size, checksum)
+        meta = self._metadata(ino, size, checksum)
         self._begin(record)
         _check(ino, record.generation)
-        return await self._send(progress, len(data), lambda: self.store.put(record.key, data, meta))
+        etag = await self._send(progress, size, lambda: self.store.put(key, data, meta))
+        return etag, record
 
     async def _multipart(
-        self,
-        ino: Inode,
-        fd: int,
-        record: UploadRow,
-        meta: dict[str, str],
-        progress: UploadProgress,
+        self, ino: Inode, fd: int, record: UploadRow, progress: UploadProgress
     ) -> str:
-        done: dict[int, str] = {}
+        done: dict[int, tuple[str, int | None]] = {}  # part -> (ETag, CRC32), in the store
         if record.upload_id is not None:
             try:
                 listed = await self.store.list_parts(record.key, record.upload_id)
@@ -261,10 +251,12 @@ class Uploader:
                 record.upload_id = None
             else:
                 journaled = self.journal.parts(ino.id)
-                done = {n: e for n, e in journaled.items() if listed.get(n) == e}
+                done = {n: p for n, p in journaled.items() if listed.get(n) == p[0]}
                 log.info("resuming upload of %s: %d parts already there", record.key, len(done))
         if record.upload_id is None:
             record.part_size = part_size_for(record.size, self.config.part_size)
+            record.checksum = f"{PARTS}{record.part_size}"
+            meta = self._metadata(ino, record.size, record.checksum)
             # Shielded: once the store has made the upload, we must learn its id and journal
             # it, or nothing would ever abort it (a cancel now would lose the answer).
             self.creating.add(record.key)
@@ -279,47 +271,61 @@ class Uploader:
                     f"creating the upload of {record.key} took too long", temporary=True
                 )
         self._begin(record)
+        progress.phase = SENDING
         count = -(-record.size // record.part_size)
+        crcs: dict[int, int] = {}
+
+        def length_of(number: int) -> int:
+            return min(record.part_size, record.size - (number - 1) * record.part_size)
 
         async def send(number: int, token: object) -> None:
+            length = length_of(number)
             try:
                 off = (number - 1) * record.part_size
-                length = min(record.part_size, record.size - off)
-                data = await trio.to_thread.run_sync(_read, fd, length, off)
+                data, crc = await trio.to_thread.run_sync(_read_part, fd, length, off)
+                self.drained.read += length
                 _check(ino, record.generation)
+                crcs[number] = crc
+                kept = done.pop(number, None)
+                if kept is not None and kept[1] == crc:
+                    done[number] = kept  # sent before, these very bytes
+                    return
+                if kept is not None:  # written since it was sent, or sent by an older version
+                    progress.sent -= length
+                    progress.resumed -= length
                 etag = await self._send(
                     progress,
                     length,
                     lambda: self.store.upload_part(
-                        record.key, record.upload_id or "", number, data
+                        record.key, record.upload_id or "", number, data, crc
                     ),
                 )
             finally:
                 self.parts_limiter.release_on_behalf_of(token)
             with self.journal.transaction():
-                self.journal.add_part(ino.id, number, etag)
-            done[number] = etag
+                self.journal.add_part(ino.id, number, etag, crc)
+            done[number] = (etag, crc)
 
-        skipped, t_parts = len(done), trio.current_time()
-        progress.sent = progress.resumed = sum(
-            min(record.part_size, record.size - (n - 1) * record.part_size) for n in done
-        )
+        t_parts = trio.current_time()
+        progress.sent = progress.resumed = sum(length_of(n) for n in done)
         try:
             async with trio.open_nursery() as nursery:
                 for n in range(1, count + 1):  # in file order: the cache file is read in order
-                    if n not in done:
-                        token = object()
-                        await self.parts_limiter.acquire_on_behalf_of(token)
-                        nursery.start_soon(send, n, token)
+                    token = object()
+                    await self.parts_limiter.acquire_on_behalf_of(token)
+                    nursery.start_soon(send, n, token)
         except BaseExceptionGroup as group:
             raise _reason(group) from None
         log.info(
             "sent %d parts of %s in %.2f s",
-            count - skipped,
+            count,
             record.key,
             trio.current_time() - t_parts,
         )
-        etags = [done[n] for n in range(1, count + 1)]
+        etags = [done[n][0] for n in range(1, count + 1)]
+        record.checksum = parts_checksum(
+            record.part_size, crc32_b64(composite([crcs[n] for n in range(1, count + 1)]))
+        )
         _check(ino, record.generation)
         progress.phase = COMPLETING
         return await self.store.complete_multipart(record.key, record.upload_id or "", etags)

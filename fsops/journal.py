@@ -26,7 +26,7 @@ from pathlib import Path
 
 import trio
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ROOT_INODE = 1
 
 
@@ -154,7 +154,7 @@ _SCHEMA = """
             generation INTEGER NOT NULL DEFAULT 1, -- bumped on every transition into dirty
             stored_key  TEXT,                 -- where the store holds this inode's content
             stored_etag TEXT,                 --   (NULL: nowhere; see ARCHITECTURE.md)
-            checksum   TEXT,                  -- xxh3-128 of the content at stored_key
+            checksum   TEXT,                  -- of the content at stored_key (fsops.contentsum)
             rdev       INTEGER NOT NULL DEFAULT 0, -- device number (character, block devices)
             epoch      INTEGER NOT NULL DEFAULT 0, -- mount epoch that gave out `id` (see InodeRow)
             UNIQUE (parent, name)
@@ -173,7 +173,7 @@ _SCHEMA = """
             upload_id  TEXT,                  -- multipart upload id; NULL for a single PUT
             part_size  INTEGER NOT NULL,
             size       INTEGER NOT NULL,
-            checksum   TEXT NOT NULL          -- xxh3-128 of the content, also in the metadata
+            checksum   TEXT NOT NULL          -- a single PUT's xxh3-128; "crc32:<part size>"
         );
 
         -- Finished parts of multipart uploads.
@@ -181,6 +181,7 @@ _SCHEMA = """
             inode  INTEGER NOT NULL,
             number INTEGER NOT NULL,
             etag   TEXT NOT NULL,
+            crc32  INTEGER,               -- of the bytes sent (NULL: journaled by version 3)
             PRIMARY KEY (inode, number)
         ) WITHOUT ROWID;
 
@@ -237,6 +238,9 @@ class Journal:
             version = 2
         if version == 2:
             self._migrate_from_2()
+            version = 3
+        if version == 3:
+            self._migrate_from_3()
             version = SCHEMA_VERSION
         if version != SCHEMA_VERSION:
             raise JournalError(
@@ -271,6 +275,13 @@ class Journal:
         every mount from now on gives out numbers in an epoch of its own."""
         with self.transaction():
             self.db.execute("ALTER TABLE inodes ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
+            self.set_meta("schema_version", "3")
+
+    def _migrate_from_3(self) -> None:
+        """Version 3 journaled no part's CRC32: its uploads in progress (their metadata has
+        an xxh3-128 of the whole file) are not resumed but begun again (drain.upload)."""
+        with self.transaction():
+            self.db.execute("ALTER TABLE parts ADD COLUMN crc32 INTEGER")
             self.set_meta("schema_version", str(SCHEMA_VERSION))
 
     # -- transactions and durability ---------------------------------------------------------
@@ -678,12 +689,15 @@ class Journal:
         self.db.execute("DELETE FROM uploads WHERE inode = ?", (inode,))
         self.db.execute("DELETE FROM parts WHERE inode = ?", (inode,))
 
-    def parts(self, inode: int) -> dict[int, str]:
-        rows = self.db.execute("SELECT number, etag FROM parts WHERE inode = ?", (inode,))
-        return {int(r[0]): str(r[1]) for r in rows}
+    def parts(self, inode: int) -> dict[int, tuple[str, int | None]]:
+        """Part number -> (ETag, CRC32 of the bytes sent)."""
+        rows = self.db.execute("SELECT number, etag, crc32 FROM parts WHERE inode = ?", (inode,))
+        return {int(r[0]): (str(r[1]), None if r[2] is None else int(r[2])) for r in rows}
 
-    def add_part(self, inode: int, number: int, etag: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO parts VALUES (?, ?, ?)", (inode, number, etag))
+    def add_part(self, inode: int, number: int, etag: str, crc32: int) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO parts VALUES (?, ?, ?, ?)", (inode, number, etag, crc32)
+        )
 
     def add_store_op(
         self, kind: str, src: str, dst: str | None = None, etag: str | None = None

@@ -4,7 +4,9 @@ Every entry below the root has an object under its path: a regular file's holds 
 a symlink's its target, a FIFO's, socket's or device's nothing, and a directory has a
 zero-byte *marker* object whose key ends in "/" ("run/step_5/"). The object's user metadata
 carries what a listing cannot: the kind of entry, the permission bits, owner, mtime, a
-device's number, the ``user.*`` extended attributes and (regular files) the content checksum.
+device's number, the ``user.*`` extended attributes and (regular files) the content checksum:
+its xxh3-128 for a single PUT, or the size of the parts of a multipart upload, whose checksum
+is then the store's CRC32 of its parts (:mod:`fsops.contentsum`).
 An object without a ``type`` is a regular file, so files written by other tools read as such.
 
 S3 limits user metadata to 2 KB. The fixed fields take about 150 bytes; the extended attributes
@@ -19,9 +21,11 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ckptgw.fsops.contentsum import part_size_of
 from ckptgw.fsops.journal import InodeRow
 
 CHECKSUM = "xxh3-128"
+PART_SIZE = "part-size"  # a multipart upload's: its checksum is the store's CRC32 of its parts
 XATTR_BUDGET = 1536
 #: Objects up to this size may be symlinks or special files (a symlink's target is at most
 #: PATH_MAX - 1 bytes): a listing reads their metadata to learn what they are.
@@ -49,7 +53,8 @@ class EntryMeta:
     mtime_ns: int | None = None
     rdev: int = 0
     xattrs: dict[bytes, bytes] = field(default_factory=dict)
-    checksum: str | None = None
+    checksum: str | None = None  # xxh3-128 (the parts form needs the store's CRC32 too)
+    part_size: int | None = None
 
 
 def encode_xattrs(xattrs: Iterable[tuple[bytes, bytes]]) -> str:
@@ -80,13 +85,16 @@ def xattrs_fit(xattrs: Iterable[tuple[bytes, bytes]]) -> bool:
 
 
 #: The fields :func:`encode` writes; an update replaces these and keeps any other tool's.
-FIELDS = frozenset({"mode", "uid", "gid", "mtime-ns", "type", "size", "rdev", "xattrs", CHECKSUM})
+FIELDS = frozenset(
+    {"mode", "uid", "gid", "mtime-ns", "type", "size", "rdev", "xattrs", CHECKSUM, PART_SIZE}
+)
+_CONTENT = (CHECKSUM, PART_SIZE)
 
 
 def updated(existing: dict[str, str], ours: dict[str, str]) -> dict[str, str]:
     """``existing`` metadata with our fields replaced by ``ours`` (a checksum ``ours`` lacks
     is kept: the content did not change)."""
-    out = {k: v for k, v in existing.items() if k not in FIELDS or k == CHECKSUM}
+    out = {k: v for k, v in existing.items() if k not in FIELDS or k in _CONTENT}
     out.update(ours)
     return out
 
@@ -116,7 +124,10 @@ def encode(
     pairs = list(xattrs)
     if pairs:
         meta["xattrs"] = encode_xattrs(pairs)
-    if checksum is not None:
+    part_size = part_size_of(checksum)
+    if part_size is not None:
+        meta[PART_SIZE] = str(part_size)
+    elif checksum is not None:
         meta[CHECKSUM] = checksum
     return meta
 
@@ -124,6 +135,10 @@ def encode(
 def decode(metadata: dict[str, str]) -> EntryMeta:
     """Raises ValueError for metadata that is not ours and not absent (a corrupt field)."""
     m = EntryMeta(checksum=metadata.get(CHECKSUM))
+    if PART_SIZE in metadata:
+        m.part_size = int(metadata[PART_SIZE])
+        if m.part_size <= 0:
+            raise ValueError(f"part size {m.part_size}")
     kind = metadata.get("type")
     if kind is not None:
         if kind not in _BY_NAME:

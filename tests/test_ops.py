@@ -306,6 +306,7 @@ def test_a_version_1_journal_is_migrated_and_its_directories_and_symlinks_draine
     db = sqlite3.connect(tmp_path / "journal.db")
     db.execute("ALTER TABLE inodes DROP COLUMN rdev")
     db.execute("ALTER TABLE inodes DROP COLUMN epoch")
+    db.execute("ALTER TABLE parts DROP COLUMN crc32")
     db.execute("DELETE FROM meta WHERE key = 'epoch'")
     db.execute("UPDATE inodes SET state = 'clean' WHERE id IN (?, ?)", (d.id, link.id))
     db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
@@ -313,7 +314,9 @@ def test_a_version_1_journal_is_migrated_and_its_directories_and_symlinks_draine
     db.close()
     f = open_fs(tmp_path)
     try:
-        assert f.journal.get_meta("schema_version") == "3"
+        assert f.journal.get_meta("schema_version") == "4"
+        cols = [r[1] for r in f.journal.db.execute("PRAGMA table_info(parts)")]
+        assert cols == ["inode", "number", "etag", "crc32"]
         for ino in (d.id, link.id):
             row = f.journal.get(ino)
             assert row is not None and row.state is State.DIRTY and row.rdev == 0

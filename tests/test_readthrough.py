@@ -365,8 +365,10 @@ def test_a_fresh_node_prefetches_a_dcp_checkpoint_and_warmup_leaves_nothing_to_r
     # Node B: the loader opens the checkpoint's files; the first open prefetches all of them.
     # A listing is reused for 5 s (the default). It HEADs the small .metadata (an object that
     # small could be a symlink); every other file is described by its first GET's response
-    # (no HEAD at all, though the loader looks each up), and there is one GET per range
-    # (8 MiB ranges up to 8 in flight: adapted to the size).
+    # (no HEAD, though the loader looks each up), and there is one GET per range (8 MiB
+    # ranges up to 8 in flight: adapted to the size). extra.bin (20 MiB) was a multipart
+    # upload: its checksum is the store's CRC32, which no ranged GET reports, so one HEAD
+    # at the end of its fetch asks for it.
     b = nodes.node("b", fetch_chunk=None, listing_ttl=5.0)
     mp.spawn(_dcp_rank, args=(2, _free_port(), str(b.mountpoint / ckpt), "load"), nprocs=2)
     wait_for("the prefetch to end", lambda: b.status()["warmups"][0]["phase"] == "done")
@@ -378,9 +380,9 @@ def test_a_fresh_node_prefetches_a_dcp_checkpoint_and_warmup_leaves_nothing_to_r
     assert gets == {k: max(1, -(-n // (8 << 20))) for k, n in stored.items()}, gets
     assert gets[f"{ckpt}/extra.bin"] == 3
     files_heads = {k: n for k, n in heads.items() if not k.endswith("/")}  # not dirs' markers
-    assert files_heads == {f"{ckpt}/.metadata": 1}, heads
+    assert files_heads == {f"{ckpt}/.metadata": 1, f"{ckpt}/extra.bin": 1}, heads
     assert stored[f"{ckpt}/.metadata"] <= 4096 < min(stored[f"{ckpt}/__0_0.distcp"], len(extra))
-    # Described all the same, by the GET: the mode node A gave it, and still no HEAD.
+    # Described all the same, by the GET: the mode node A gave it, and no more HEADs.
     assert stat.S_IMODE((b.mountpoint / ckpt / "extra.bin").stat().st_mode) == 0o600
     assert _by_key(proxy.log, "HEAD", "ckpt/") == heads
     assert (b.mountpoint / ckpt / "extra.bin").read_bytes() == extra

@@ -162,7 +162,9 @@ class MemoryStore(Store):
         self.uploads[upload_id] = (key, dict(metadata), {})
         return upload_id
 
-    async def upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
+    async def upload_part(
+        self, key: str, upload_id: str, number: int, data: bytes, crc32: int | None = None
+    ) -> str:
         await self._enter("upload_part")
         etag = self._etag()
         self._upload(upload_id)[2][number] = (data, etag)

@@ -18,6 +18,7 @@ import pytest
 import trio
 import trio.testing
 
+from ckptgw.drain.entries import read_meta
 from ckptgw.drain.retry import RetryPolicy, RetryStats, retrying
 from ckptgw.drain.store import (
     Listing,
@@ -30,6 +31,8 @@ from ckptgw.drain.store import (
 )
 from ckptgw.drain.stores import open_store
 from ckptgw.drain.storeurl import parse_store_url
+from ckptgw.fsops.contentsum import Hasher, parts_checksum
+from ckptgw.fsops.objectmeta import PART_SIZE
 from tests.faultproxy import Fault, FaultProxy
 
 StoreFactory = Callable[[], AbstractAsyncContextManager[Store]]
@@ -71,6 +74,47 @@ def test_put_get_head_range_delete(store_cm: StoreFactory) -> None:
         await s.delete("run1/step_1/a.pt")
         await s.delete("run1/step_1/a.pt")  # deleting what is gone is fine
         assert await s.head("run1/step_1/a.pt") is None
+
+    run(store_cm, body)
+
+
+def test_a_multipart_uploads_head_gives_the_crc32_that_checks_its_content(
+    store_cm: StoreFactory,
+) -> None:
+    """The checksum of a multipart upload is the store's CRC32 of its parts (a HEAD's), which
+    the content hashed in parts of the size its metadata names matches, and content hashed
+    in other parts does not; a copy's checksum still matches its content."""
+    parts = [os.urandom(5 << 20), os.urandom(5 << 20), os.urandom(3000)]
+    content = b"".join(parts)
+
+    def hashed(part_size: int) -> Hasher:
+        h = Hasher(part_size)
+        for i in range(0, len(content), 1 << 20):
+            h.update(content[i : i + (1 << 20)])
+        return h
+
+    async def body(s: Store) -> None:
+        uid = await s.create_multipart("big.bin", {PART_SIZE: str(5 << 20)})
+        etags = [
+            # the caller's CRC32 (the uploader's, from the read that sent the part) or none
+            await s.upload_part("big.bin", uid, n, p, zlib.crc32(p) if n != 2 else None)
+            for n, p in enumerate(parts, 1)
+        ]
+        await s.complete_multipart("big.bin", uid, etags)
+        info = await s.head("big.bin")
+        assert info is not None and info.crc32 is not None
+        assert hashed(5 << 20).matches(parts_checksum(5 << 20, info.crc32)) is True
+        # The same CRC32s, said by the count S3 adds, or by none (moto).
+        value = info.crc32.split("-")[0]
+        assert hashed(5 << 20).matches(parts_checksum(5 << 20, f"{value}-3")) is True
+        assert hashed(4 << 20).matches(parts_checksum(4 << 20, info.crc32)) is False
+        assert hashed(5 << 20).matches("0" * 32) is None  # an xxh3-128: another form
+        await s.copy("big.bin", "copy.bin")
+        copied = await s.head("copy.bin")
+        assert copied is not None and copied.crc32 is not None
+        assert copied.metadata[PART_SIZE] == str(5 << 20)
+        assert hashed(5 << 20).matches(parts_checksum(5 << 20, copied.crc32)) is True
+        assert read_meta(copied).checksum == parts_checksum(5 << 20, copied.crc32)
 
     run(store_cm, body)
 
