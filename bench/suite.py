@@ -55,13 +55,14 @@ from typing import Any
 
 import boto3
 import torch
-import xxhash
 
 from bench import baseline, nfs
 from bench.procs import cpu_seconds, peak_rss
 from bench.results import save
 from bench.workloads import dcp_load, dcp_save, save_atomic, state_dict, write_small
 from ckptgw.fsops import passthrough
+from ckptgw.fsops.contentsum import Hasher, parts_checksum
+from ckptgw.fsops.objectmeta import CHECKSUM, PART_SIZE
 from ckptgw.fsops.passthrough import DAEMON, PASSTHROUGH
 from ckptgw.gateway.harness import Gateway, exit_on_sigterm
 from ckptgw.gateway.storeplace import place_of
@@ -408,9 +409,19 @@ class Bench:
             want = {f"gw/{p.relative_to(gw.mountpoint)}": p.stat().st_size for p in files}
             self.wait_in_bucket(want)
             for p in files:
-                head = self.s3.head_object(Bucket=BUCKET, Key=f"gw/{p.relative_to(gw.mountpoint)}")
-                digest = xxhash.xxh3_128_hexdigest(p.read_bytes())
-                assert head["Metadata"]["xxh3-128"] == digest, f"{p} is not what was saved"
+                key = f"gw/{p.relative_to(gw.mountpoint)}"
+                head = self.s3.head_object(Bucket=BUCKET, Key=key, ChecksumMode="ENABLED")
+                meta = head["Metadata"]
+                if CHECKSUM in meta:
+                    hasher, checksum = Hasher(), meta[CHECKSUM]
+                else:  # a multipart upload: the store's CRC32 of its parts
+                    part_size = int(meta[PART_SIZE])
+                    hasher = Hasher(part_size)
+                    checksum = parts_checksum(part_size, head["ChecksumCRC32"])
+                with open(p, "rb") as f:
+                    while piece := f.read(8 << 20):
+                        hasher.update(piece)
+                assert hasher.matches(checksum), f"{p} is not what was saved"
         return want
 
     def restore_rounds(
