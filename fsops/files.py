@@ -30,6 +30,10 @@ from ckptgw.fsops.passthrough import Passthrough
 from ckptgw.fsops.space import CacheSpace
 from ckptgw.fsops.state import FileStates
 
+# Seconds without growth after which no file on the kernel's path counts as being written
+# (three ticks of the watch): the disk reserve may be given back then.
+QUIET = 0.15
+
 
 @dataclass
 class Handle:
@@ -60,6 +64,7 @@ class OpenFiles:
         self.daemon_bytes = 0  # of those, accepted by write(): through the daemon
         self.fsyncs = 0  # fsync requests answered (each on the cache disk and in the journal)
         self._kernel_writers: dict[int, Inode] = {}  # inodes open for writing on its path
+        self._grew_at: dict[int, float] = {}  # of those: when the kernel last grew each one
 
     @property
     def _place_appends(self) -> bool:
@@ -114,19 +119,35 @@ class OpenFiles:
             ino.writers += 1
         return fh
 
-    def observe(self, ino: Inode, *, adopt: bool = True) -> None:
+    def _writers_quiet(self, closing: Inode | None = None) -> bool:
+        """Whether no file open for writing on the kernel's path (but ``closing``, whose
+        writer is closing) grew in the last :data:`QUIET` seconds: the reserve is given back
+        only then, or a writer still going would take it too (it stops at ENOSPC instead)."""
+        now = time.monotonic()
+        return all(
+            now - self._grew_at.get(i, 0.0) >= QUIET
+            for i in self._kernel_writers
+            if closing is None or i != closing.id
+        )
+
+    def observe(self, ino: Inode, *, adopt: bool = True, closing: bool = False) -> None:
         """Take the size and mtime of a file the kernel writes (passthrough) from its cache
         file, where they changed since last seen; ``adopt=False`` only notes them (after the
-        daemon itself changed the file: a truncate, a utimens)."""
+        daemon itself changed the file: a truncate, a utimens); ``closing``: its last writer
+        is closing it (FLUSH)."""
         if not ino.passthrough_opens or ino.fd < 0:
             return
         st = os.fstat(ino.fd)
         seen = (st.st_size, st.st_mtime_ns)
         if seen == ino.backing_seen:
+            if closing:
+                self.path.check_room(self._writers_quiet(ino))
             return
         first = ino.backing_seen[0] < 0
         ino.backing_seen = seen
-        self.path.check_room()
+        if ino.id in self._kernel_writers:
+            self._grew_at[ino.id] = time.monotonic()
+        self.path.check_room(self._writers_quiet(ino if closing else None))
         if adopt and not first:
             if st.st_size > ino.size:
                 self.written_bytes += st.st_size - ino.size
@@ -149,7 +170,7 @@ class OpenFiles:
                 self.observe(ino)
             if self._kernel_writers:
                 self.space.keep_headroom()
-            self.path.check_room()
+            self.path.check_room(self._writers_quiet())
 
     def read(self, fh: int, off: int, size: int) -> bytes:
         return os.pread(self.handle(fh).inode.fd, size, off)
@@ -191,8 +212,9 @@ class OpenFiles:
         return n
 
     def flush(self, fh: int) -> None:
-        ino = self.handle(fh).inode
-        self.observe(ino)
+        h = self.handle(fh)
+        ino = h.inode
+        self.observe(ino, closing=h.writable and ino.writers == 1)
         if ino.attrs_dirty:
             self.table.persist(ino)
 
@@ -211,6 +233,7 @@ class OpenFiles:
                 ino.writers -= 1
                 if ino.writers == 0:
                     self._kernel_writers.pop(ino.id, None)
+                    self._grew_at.pop(ino.id, None)
                     self.states.quiet(ino)
             self.table.close_fd(ino)
             self.table.release_if_unused(ino)

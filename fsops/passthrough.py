@@ -131,24 +131,28 @@ class Passthrough:
         else:
             log.info("data path: daemon (%s)", self.reason)
 
-    def check_room(self) -> None:
+    def check_room(self, quiet: bool = False) -> None:
         """The disk reserve, where the kernel writes (called whenever the daemon learns what
         it wrote, and every tick of :meth:`fsops.files.OpenFiles.watch`): the journal must
-        always be able to commit, so when the cache disk is nearly full the reserve file is
-        given back, and new writers take the daemon path, which keeps the reserve write by
-        write. Once there is room again, both are undone."""
+        always be able to commit, so when the cache disk is nearly full new writers take the
+        daemon path, which keeps the reserve write by write, and the reserve file is given
+        back to the journal once ``quiet``: no writer on the kernel's path has grown its
+        file lately (or the one that did is closing). Given back while a writer still
+        writes, the reserve would be that writer's too; left held, the writer stops at
+        ENOSPC. Once there is room again, both are undone."""
         if not self.active:
             return
         free = self.cache.free_bytes()
         if self.cache.held and free < self.cache.reserve_bytes // 2:
-            self.cache.release_reserve()
             self.low = True
-            log.warning(
-                "cache disk full: its reserve goes to the journal; new writers go through "
-                "the daemon until room is freed"
-            )
-        elif not self.cache.held and free >= 3 * self.cache.reserve_bytes:
-            self.low = not self.cache.hold_reserve()
+            if quiet:
+                self.cache.release_reserve()
+                log.warning(
+                    "cache disk full: its reserve goes to the journal; new writers go "
+                    "through the daemon until room is freed"
+                )
+        elif free >= 3 * self.cache.reserve_bytes and (self.low or not self.cache.held):
+            self.low = not self.cache.held and not self.cache.hold_reserve()
             if not self.low:
                 log.info("cache disk has room again: writers use passthrough")
 
