@@ -507,21 +507,10 @@ class Fetcher:
             # Made at the first bytes: the first response described the object before them.
             hasher = f.hasher = f.hasher or Hasher(f.part_size)
 
-            def run(start: int = start, upto: int = upto, hasher: Hasher = hasher) -> None:
-                buf = bytearray(min(HASH_PIECE, upto - start))
-                view = memoryview(buf)
-                pos = start
-                while pos < upto:
-                    n = os.preadv(f.fd, [view[: min(len(buf), upto - pos)]], pos)
-                    if n <= 0:
-                        raise OSError(errno.EIO, "short read of a cache file being fetched")
-                    hasher.update(view[:n])
-                    pos += n
-
             if upto - start <= INLINE_HASH:
-                run()  # a thread's round trip costs more than hashing this much here
+                _feed(hasher, f.fd, start, upto)  # a thread's round trip costs more than this
             else:
-                await trio.to_thread.run_sync(run)
+                await trio.to_thread.run_sync(_feed, hasher, f.fd, start, upto)
             f.hashed = upto
 
     async def _verify(self, f: _Fetch) -> None:
@@ -557,14 +546,21 @@ class Fetcher:
             self.space.shrink(f.ino, 0)
 
 
+def _feed(hasher: Hasher, fd: int, start: int, upto: int) -> None:
+    """Hash bytes [start, upto) of the cache file."""
+    buf = bytearray(min(HASH_PIECE, upto - start))
+    view = memoryview(buf)
+    pos = start
+    while pos < upto:
+        n = os.preadv(fd, [view[: min(len(buf), upto - pos)]], pos)
+        if n <= 0:
+            raise OSError(errno.EIO, "short read of a cache file being fetched")
+        hasher.update(view[:n])
+        pos += n
+
+
 def _rehash(fd: int, size: int, expected: str) -> bool:
     """Whether the cache file's content has the checksum ``expected``, read whole again."""
     hasher = Hasher(part_size_of(expected))
-    pos = 0
-    while pos < size:
-        data = os.pread(fd, min(HASH_PIECE, size - pos), pos)
-        if not data:
-            raise OSError(errno.EIO, "short read of a fetched cache file")
-        hasher.update(data)
-        pos += len(data)
+    _feed(hasher, fd, 0, size)
     return bool(hasher.matches(expected))

@@ -76,13 +76,18 @@ def _info(
     return ObjectInfo(key, st.st_size, _etag(st), metadata or {}, st.st_mtime, crc32)
 
 
+def _crc_of(file: Path | int) -> bytes | None:
+    """A multipart upload's CRC32, kept as an extended attribute of its file (none: None)."""
+    try:
+        return os.getxattr(file, _CRC)
+    except OSError:
+        return None
+
+
 def _described(key: str, file: Path | int, st: os.stat_result) -> ObjectInfo:
     """What a HEAD says: with the metadata and the store's CRC32 (a multipart upload's)."""
-    try:
-        crc: str | None = os.getxattr(file, _CRC).decode()
-    except OSError:
-        crc = None
-    return _info(key, st, _meta_of(file), crc)
+    crc = _crc_of(file)
+    return _info(key, st, _meta_of(file), None if crc is None else crc.decode())
 
 
 def _meta_of(file: Path | int) -> dict[str, str]:
@@ -298,11 +303,8 @@ class FileStore(Store):
             shutil.copyfile(s, tmp)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-            try:
-                crc: bytes | None = os.getxattr(s, _CRC)  # the same content: the same checksum
-            except OSError:
-                crc = None
-            return self._install(tmp, d, _meta_of(s) if metadata is None else metadata, crc)
+            meta = _meta_of(s) if metadata is None else metadata
+            return self._install(tmp, d, meta, _crc_of(s))  # the same content, the same CRC32
 
         return await self._run(what, go)
 

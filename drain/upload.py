@@ -170,17 +170,18 @@ class Uploader:
         try:
             record = self.journal.get_upload(ino.id)
             if record is not None and not (
-                record.generation == generation
+                size > self.config.multipart_threshold  # only a multipart upload resumes
+                and record.generation == generation
                 and record.key == key
                 and record.size == size
-                # A multipart upload resumes only with its parts' CRC32s journaled (an older
-                # version's record names an xxh3-128 of the whole file instead).
-                and (size <= self.config.multipart_threshold or part_size_of(record.checksum))
+                # ... with its parts' CRC32s journaled (an older version's record names an
+                # xxh3-128 of the whole file instead)
+                and part_size_of(record.checksum)
             ):
                 await self.discard(record)
                 record = None
             if size <= self.config.multipart_threshold:
-                etag, record = await self._single(ino, fd, generation, key, record, progress)
+                etag, record = await self._single(ino, fd, generation, key, progress)
             else:
                 if record is None:
                     record = UploadRow(ino.id, generation, key, None, 0, size, "")
@@ -212,7 +213,6 @@ class Uploader:
         fd: int,
         generation: int,
         key: str,
-        record: UploadRow | None,
         progress: UploadProgress,
     ) -> tuple[str, UploadRow]:
         """One PUT; one read of the file for its body and its xxh3-128."""
@@ -226,10 +226,6 @@ class Uploader:
         self.drained.read += size
         _check(ino, generation)
         progress.phase = SENDING
-        if record is not None and record.checksum != checksum:
-            # Written since, in the same generation (a dirty file takes writes without a new
-            # one, e.g. after a failed attempt).
-            await self.discard(record)
         record = UploadRow(ino.id, generation, key, None, 0, size, checksum)
         meta = self._metadata(ino, size, checksum)
         self._begin(record)
@@ -240,6 +236,7 @@ class Uploader:
     async def _multipart(
         self, ino: Inode, fd: int, record: UploadRow, progress: UploadProgress
     ) -> str:
+        progress.phase = SENDING  # its checksum comes with the parts: no step of its own
         done: dict[int, tuple[str, int | None]] = {}  # part -> (ETag, CRC32), in the store
         if record.upload_id is not None:
             try:
@@ -271,9 +268,9 @@ class Uploader:
                     f"creating the upload of {record.key} took too long", temporary=True
                 )
         self._begin(record)
-        progress.phase = SENDING
         count = -(-record.size // record.part_size)
         crcs: dict[int, int] = {}
+        kept_parts: list[int] = []
 
         def length_of(number: int) -> int:
             return min(record.part_size, record.size - (number - 1) * record.part_size)
@@ -289,6 +286,7 @@ class Uploader:
                 kept = done.pop(number, None)
                 if kept is not None and kept[1] == crc:
                     done[number] = kept  # sent before, these very bytes
+                    kept_parts.append(number)
                     return
                 if kept is not None:  # written since it was sent, or sent by an older version
                     progress.sent -= length
@@ -318,7 +316,7 @@ class Uploader:
             raise _reason(group) from None
         log.info(
             "sent %d parts of %s in %.2f s",
-            count,
+            count - len(kept_parts),
             record.key,
             trio.current_time() - t_parts,
         )
