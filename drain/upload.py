@@ -14,10 +14,11 @@ CRC32 goes with the part (the store checks it) and into the journal, and the obj
 checksum is the CRC32 of its parts' CRC32s, which the store keeps (the metadata, fixed at
 CreateMultipartUpload, names the part size). ``DrainStats.read`` counts the bytes read.
 
-A restart with the same generation, key and size resumes: a part the journal has and the
-store still lists is read again (its one read in this upload) and kept if its CRC32 is the
-one journaled when it was sent; a part written since (a dirty file takes writes without a new
-generation, e.g. after a failed attempt) goes again under its number.
+A multipart upload restarted with the same generation, key and size resumes (a single PUT
+is sent again): a part the journal has and the store still lists is read again (its one read
+in this upload) and kept if its CRC32 is the one journaled when it was sent; a part written
+since (a dirty file takes writes without a new generation, e.g. after a failed attempt) goes
+again under its number.
 """
 
 from __future__ import annotations
