@@ -43,7 +43,10 @@ class Histogram:
 class DrainStats:
     bytes: int = 0  # bytes sent to the store (parts and single PUTs that succeeded)
     files: int = 0  # uploads completed
-    read: int = 0  # bytes read from cache files for uploads: each byte once per upload
+    # Bytes read from cache files for uploads: each byte once per upload. A part counts
+    # when its send returns (in a part worker the daemon learns of the read only then); a
+    # retried send reads its part again and is not counted twice.
+    read: int = 0
     part_seconds: Histogram = field(default_factory=Histogram)  # per part or single PUT
 
 

@@ -307,6 +307,15 @@ class RetryingStore(Store):
             lambda: self.inner.upload_part(key, upload_id, number, data, crc32),
         )
 
+    async def upload_part_from(
+        self, key: str, upload_id: str, number: int, fd: int, offset: int, length: int
+    ) -> tuple[str, int]:
+        """Each attempt reads the part again: a retry holds no copy of it meanwhile."""
+        return await self._retry(
+            f"part {number} of {key}",
+            lambda: self.inner.upload_part_from(key, upload_id, number, fd, offset, length),
+        )
+
     async def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
         return await self._retry(
             f"list parts of {key}", lambda: self.inner.list_parts(key, upload_id)

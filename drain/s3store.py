@@ -46,6 +46,7 @@ import trio
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 
+from ckptgw.drain.partpool import PartPool
 from ckptgw.drain.store import (
     CREDENTIAL_CODES,
     MAX_COPY,
@@ -188,13 +189,15 @@ def _pwritev_all(fd: int, buffers: list[bytes], offset: int) -> int:
     return total
 
 
+async def crc32_value(data: bytes) -> int:
+    if len(data) <= INLINE_CRC:
+        return zlib.crc32(data)
+    return await trio.to_thread.run_sync(zlib.crc32, data)  # releases the GIL: 4 ms / 16 MiB
+
+
 async def crc32_of(data: bytes) -> str:
     """The base64 of the big-endian CRC32 of ``data``, as ``x-amz-checksum-crc32`` wants it."""
-    if len(data) <= INLINE_CRC:
-        crc = zlib.crc32(data)
-    else:  # zlib releases the GIL: 16 MiB is about 4 ms of a core
-        crc = await trio.to_thread.run_sync(zlib.crc32, data)
-    return crc32_b64(crc)
+    return crc32_b64(await crc32_value(data))
 
 
 def _listed(o: dict[str, Any]) -> ObjectInfo:
@@ -302,6 +305,7 @@ class S3Store(Store):
         # complete, which must repeat them. Filled by upload_part, copy_part and list_parts
         # (a resumed upload); an upload whose checksums are unknown here sends none.
         self._crcs: dict[str, dict[int, str]] = {}
+        self.part_pool: PartPool | None = None
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -312,7 +316,10 @@ class S3Store(Store):
         region: str | None = None,
         max_connections: int = 32,
         read_timeout: float = 60.0,
+        part_workers: int = 0,
     ) -> AsyncIterator[S3Store]:
+        """``part_workers`` > 0: parts sent with :meth:`upload_part_from` go from that many
+        worker processes (:mod:`drain.partpool`)."""
         config = AioConfig(
             # No SHA-256 of every body on the trio thread: integrity comes from TLS, the CRC32
             # of every PUT and part (which the store checks) and the content checksum, checked
@@ -338,7 +345,19 @@ class S3Store(Store):
             except Exception as e:
                 raise translate(e, f"connecting to {url}") from None
             try:
-                yield cls(url, client, loop)
+                async with contextlib.AsyncExitStack() as stack:
+                    store = cls(url, client, loop)
+                    if part_workers > 0:
+                        store.part_pool = await stack.enter_async_context(
+                            PartPool.open(
+                                part_workers,
+                                url=str(url),
+                                endpoint_url=endpoint_url,
+                                read_timeout=read_timeout,
+                                max_connections=max_connections,
+                            )
+                        )
+                    yield store
             finally:
                 with trio.CancelScope(shield=True):
                     await loop.run(lambda: client_cm.__aexit__(None, None, None))
@@ -621,11 +640,36 @@ class S3Store(Store):
     async def upload_part(
         self, key: str, upload_id: str, number: int, data: bytes, crc32: int | None = None
     ) -> str:
-        kwargs: dict[str, Any] = {}
         crcs = self._crcs.get(upload_id)
+        if crcs is None:  # made without CRC32 checksums: its parts carry none
+            return await self.send_part(key, upload_id, number, data, None)
+        if crc32 is None:
+            crc32 = await crc32_value(data)
+        etag = await self.send_part(key, upload_id, number, data, crc32)
+        crcs[number] = crc32_b64(crc32)
+        return etag
+
+    async def upload_part_from(
+        self, key: str, upload_id: str, number: int, fd: int, offset: int, length: int
+    ) -> tuple[str, int]:
+        if self.part_pool is None or not self.part_pool.usable:
+            return await super().upload_part_from(key, upload_id, number, fd, offset, length)
+        crcs = self._crcs.get(upload_id)
+        etag, crc = await self.part_pool.upload_part(
+            key, upload_id, number, fd, offset, length, checksum=crcs is not None
+        )
         if crcs is not None:
-            crc = crc32_b64(crc32) if crc32 is not None else await crc32_of(data)
-            kwargs["ChecksumCRC32"] = crc
+            crcs[number] = crc32_b64(crc)
+        return etag, crc
+
+    async def send_part(
+        self, key: str, upload_id: str, number: int, data: bytes, crc32: int | None
+    ) -> str:
+        """One UploadPart request, carrying ``crc32`` if given; returns the ETag. What
+        :meth:`upload_part` sends, without its bookkeeping (a part worker's request)."""
+        kwargs: dict[str, Any] = {}
+        if crc32 is not None:
+            kwargs["ChecksumCRC32"] = crc32_b64(crc32)
         r = await self._call(
             f"PART {number} of {key}",
             "upload_part",
@@ -636,8 +680,6 @@ class S3Store(Store):
             ContentLength=len(data),
             **kwargs,
         )
-        if crcs is not None:
-            crcs[number] = crc
         return str(r["ETag"])
 
     async def list_parts(self, key: str, upload_id: str) -> dict[int, str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import os
+import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -257,6 +258,18 @@ class Store(abc.ABC):
         """Upload part ``number`` (1-based); returns its ETag. ``crc32``: the part's, if the
         caller computed it (else the store computes what it needs)."""
 
+    async def upload_part_from(
+        self, key: str, upload_id: str, number: int, fd: int, offset: int, length: int
+    ) -> tuple[str, int]:
+        """Upload bytes [offset, offset + length) of the open file ``fd`` as part ``number``;
+        returns its ETag and the CRC32 of the bytes sent, which one read gave for both. A file
+        that ends before the part does is a permanent StoreError (code :data:`SHORT_FILE`).
+
+        This default reads on a worker thread and calls :meth:`upload_part`;
+        :class:`drain.s3store.S3Store` can send the part from a worker process instead."""
+        data, crc = await trio.to_thread.run_sync(read_part, fd, offset, length)
+        return await self.upload_part(key, upload_id, number, data, crc), crc
+
     @abc.abstractmethod
     async def copy_part(
         self,
@@ -288,6 +301,23 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def iter_uploads(self, prefix: str) -> AsyncIterator[Upload]:
         """Uploads in progress under ``prefix`` (to find orphans)."""
+
+
+SHORT_FILE = "ShortFile"
+
+
+def read_part(fd: int, offset: int, length: int) -> tuple[bytes, int]:
+    """Bytes [offset, offset + length) of a file and their CRC32: one read for both (zlib
+    releases the GIL). A file that ends sooner: permanent StoreError, code SHORT_FILE."""
+    data = os.pread(fd, length, offset)
+    if len(data) != length:
+        raise StoreError(
+            f"the file ends at {offset + len(data)}, before the part [{offset}, "
+            f"{offset + length}) does",
+            temporary=False,
+            code=SHORT_FILE,
+        )
+    return data, zlib.crc32(data)
 
 
 def short_read(key: str, start: int, end: int, got: int) -> StoreError:

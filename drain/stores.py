@@ -12,12 +12,19 @@ from ckptgw.drain.storeurl import StoreURL
 
 @contextlib.asynccontextmanager
 async def open_store(
-    url: StoreURL, endpoint_url: str | None = None, *, read_timeout: float = 60.0
+    url: StoreURL,
+    endpoint_url: str | None = None,
+    *,
+    read_timeout: float = 60.0,
+    part_workers: int = 0,
 ) -> AsyncIterator[Store]:
+    """``part_workers``: see :meth:`S3Store.open` (a file store sends every part itself)."""
     if url.scheme == "file":
         yield FileStore(url)
         return
     from ckptgw.drain.s3store import S3Store  # botocore takes a second to import: only when needed
 
-    async with S3Store.open(url, endpoint_url, read_timeout=read_timeout) as store:
+    async with S3Store.open(
+        url, endpoint_url, read_timeout=read_timeout, part_workers=part_workers
+    ) as store:
         yield store

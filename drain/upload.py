@@ -12,7 +12,10 @@ Each byte of the cache file is read once per upload, and the content checksum co
 that read (:mod:`fsops.contentsum`): a single PUT's xxh3-128 goes in its metadata; a part's
 CRC32 goes with the part (the store checks it) and into the journal, and the object's
 checksum is the CRC32 of its parts' CRC32s, which the store keeps (the metadata, fixed at
-CreateMultipartUpload, names the part size). ``DrainStats.read`` counts the bytes read.
+CreateMultipartUpload, names the part size). ``DrainStats.read`` counts the bytes read. A
+part is read, checksummed and sent in one :meth:`Store.upload_part_from`, which the S3 store
+may hand to a part worker process (:mod:`drain.partpool`): then the daemon never holds the
+part's bytes.
 
 A multipart upload restarted with the same generation, key and size resumes (a single PUT
 is sent again): a part the journal has and the store still lists is read again (its one read
@@ -26,15 +29,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import trio
 import xxhash
 
 from ckptgw.drain.progress import COMPLETING, SENDING, DrainStats, UploadProgress
-from ckptgw.drain.store import NotFound, Store, StoreError, part_size_for
+from ckptgw.drain.store import (
+    SHORT_FILE,
+    NotFound,
+    Store,
+    StoreError,
+    part_size_for,
+    read_part,
+)
 from ckptgw.fsops.contentsum import PARTS, composite, crc32_b64, part_size_of, parts_checksum
 from ckptgw.fsops.inodes import Inode, InodeTable
 from ckptgw.fsops.journal import UploadRow
@@ -43,6 +53,7 @@ from ckptgw.fsops.state import FileStates
 from ckptgw.fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 META_CHECKSUM = CHECKSUM
 INLINE_READ = 1 << 20  # files up to this size are read on the event loop when cached
@@ -88,10 +99,15 @@ def _read(fd: int, size: int, off: int) -> bytes:
     return data
 
 
-def _read_part(fd: int, size: int, off: int) -> tuple[bytes, int]:
-    """A part's bytes and their CRC32: one read for both (zlib releases the GIL)."""
-    data = _read(fd, size, off)
-    return data, zlib.crc32(data)
+@contextlib.contextmanager
+def _short_file_is_changed() -> Iterator[None]:
+    """A cache file shorter than its part (:data:`SHORT_FILE`) was truncated meanwhile."""
+    try:
+        yield
+    except StoreError as e:
+        if e.code == SHORT_FILE:
+            raise Changed("the cache file is shorter than the file") from None
+        raise
 
 
 def _reason(group: BaseExceptionGroup) -> BaseException:
@@ -142,8 +158,8 @@ class Uploader:
         self.creating: set[str] = set()
 
     async def _send(
-        self, progress: UploadProgress, nbytes: int, call: Callable[[], Awaitable[str]]
-    ) -> str:
+        self, progress: UploadProgress, nbytes: int, call: Callable[[], Awaitable[T]]
+    ) -> T:
         """One part or single PUT, timed and counted."""
         t0 = trio.current_time()
         progress.phase = SENDING
@@ -278,29 +294,42 @@ class Uploader:
 
         async def send(number: int, token: object) -> None:
             length = length_of(number)
+            off = (number - 1) * record.part_size
             try:
-                off = (number - 1) * record.part_size
-                data, crc = await trio.to_thread.run_sync(_read_part, fd, length, off)
-                self.drained.read += length
-                _check(ino, record.generation)
-                crcs[number] = crc
-                kept = done.pop(number, None)
-                if kept is not None and kept[1] == crc:
-                    done[number] = kept  # sent before, these very bytes
-                    kept_parts.append(number)
-                    return
-                if kept is not None:  # written since it was sent, or sent by an older version
-                    progress.sent -= length
-                    progress.resumed -= length
-                etag = await self._send(
-                    progress,
-                    length,
-                    lambda: self.store.upload_part(
-                        record.key, record.upload_id or "", number, data, crc
-                    ),
-                )
+                with _short_file_is_changed():
+                    kept = done.pop(number, None)
+                    if kept is None:  # read, checksummed and sent in one step (maybe elsewhere)
+                        etag, crc = await self._send(
+                            progress,
+                            length,
+                            lambda: self.store.upload_part_from(
+                                record.key, record.upload_id or "", number, fd, off, length
+                            ),
+                        )
+                        self.drained.read += length
+                        _check(ino, record.generation)
+                    else:  # sent before: kept if these are the bytes sent then
+                        data, crc = await trio.to_thread.run_sync(read_part, fd, off, length)
+                        self.drained.read += length
+                        _check(ino, record.generation)
+                        if kept[1] == crc:
+                            crcs[number] = crc
+                            done[number] = kept
+                            kept_parts.append(number)
+                            return
+                        # written since it was sent, or sent by an older version: again
+                        progress.sent -= length
+                        progress.resumed -= length
+                        etag = await self._send(
+                            progress,
+                            length,
+                            lambda: self.store.upload_part(
+                                record.key, record.upload_id or "", number, data, crc
+                            ),
+                        )
             finally:
                 self.parts_limiter.release_on_behalf_of(token)
+            crcs[number] = crc
             with self.journal.transaction():
                 self.journal.add_part(ino.id, number, etag, crc)
             done[number] = (etag, crc)

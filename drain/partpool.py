@@ -1,0 +1,305 @@
+"""A pool of part workers: the processes that read and send multipart parts for the daemon.
+
+One interpreter reads, checksums and sends every part otherwise; on a node with many cores
+that one core is the drain's ceiling. With ``drain.part_workers`` > 0, :class:`S3Store`
+hands each part (the cache file's descriptor, an offset and a length) to the least busy of
+that many :mod:`drain.partworker` processes, which reads it once, computes its CRC32, sends
+it and answers with the ETag and the CRC32. The daemon only schedules and journals.
+
+A worker that dies (kill -9, out of memory) fails the parts it had in flight with a
+temporary StoreError (code ``PartWorker``), which :class:`drain.retry.RetryingStore` retries
+like any other, and is replaced at once. A worker that ends before it is ready counts as a
+failed start; after :data:`FAILED_STARTS` in a row the pool stops (``usable`` is False) and
+parts go from the daemon again, with the reason logged. Cancelling a part tells its worker
+to stop sending it and waits (up to :data:`CANCEL_WAIT`) until it has, as the in-process
+client does. Closing the pool closes the sockets (the workers see end of file and exit),
+then kills what is still there after :data:`STOP_WAIT`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import trio
+
+from ckptgw.drain.partworker import Message, encode, error_of, receive, send
+from ckptgw.drain.store import StoreError
+
+log = logging.getLogger(__name__)
+
+FAILED_STARTS = 3
+CANCEL_WAIT = 5.0
+STOP_WAIT = 5.0
+WORKER_DIED = "PartWorker"
+
+
+@dataclass
+class _Call:
+    done: trio.Event = field(default_factory=trio.Event)
+    reply: Message | None = None
+    error: StoreError | None = None
+
+
+class _Worker:
+    def __init__(self, proc: subprocess.Popen[bytes], sock: trio.socket.SocketType) -> None:
+        self.proc = proc
+        self.sock = sock
+        self.calls: dict[int, _Call] = {}
+        self.ready = False
+        self.alive = True
+        self.sending = trio.Lock()
+
+    async def send(self, msg: Message, fd: int | None = None) -> None:
+        async with self.sending:
+            await send(self.sock, msg, fd)
+
+
+class PartPool:
+    def __init__(self, size: int, opening: Message, nursery: trio.Nursery) -> None:
+        self.size = size
+        self._opening = opening
+        self._nursery = nursery
+        self._workers: list[_Worker] = []
+        self._ids = itertools.count(1)
+        self._failed_starts = 0
+        self.usable = True
+        self.closing = False
+        self.replaced = 0  # workers started again after one ended
+        self.answered = 0  # parts the workers answered for
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls,
+        size: int,
+        *,
+        url: str,
+        endpoint_url: str | None,
+        read_timeout: float,
+        max_connections: int,
+    ) -> AsyncIterator[PartPool]:
+        opening = {
+            "op": "open",
+            "url": url,
+            "endpoint_url": endpoint_url,
+            "read_timeout": read_timeout,
+            "max_connections": max_connections,
+        }
+        try:
+            async with trio.open_nursery() as nursery:
+                pool = cls(size, opening, nursery)
+                for _ in range(size):
+                    pool._start()
+                log.info("%d part workers started", size)
+                try:
+                    yield pool
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await pool._close()
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The readers end quietly: what comes out is the caller's own error, unwrapped
+            # (the nursery is this pool's business, not the caller's).
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers if w.alive]
+
+    def _start(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with theirs:
+                proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "ckptgw.drain.partworker",
+                        str(theirs.fileno()),
+                        str(os.getpid()),
+                    ],
+                    pass_fds=[theirs.fileno()],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    start_new_session=True,  # a ^C for the daemon (it drains) is not theirs
+                )
+            # The first message fits the empty socket buffer: sent before the worker reads.
+            mine.send(encode(self._opening))
+        except OSError as e:
+            mine.close()
+            self._failed(f"could not start one: {e}")
+            return
+        mine.setblocking(False)
+        worker = _Worker(proc, trio.socket.from_stdlib_socket(mine))
+        self._workers.append(worker)
+        self._nursery.start_soon(self._serve, worker)
+
+    def _failed(self, why: str) -> None:
+        self._failed_starts += 1
+        if self._failed_starts >= FAILED_STARTS:
+            self.usable = False
+            log.error(
+                "part workers: %s; %d failed starts in a row, so parts are sent "
+                "from the daemon from now on",
+                why,
+                self._failed_starts,
+            )
+        else:
+            log.warning("part workers: %s; starting another", why)
+            self._start()
+
+    async def _serve(self, worker: _Worker) -> None:
+        """Hand each answer to its caller until the worker's end closes."""
+        try:
+            while True:
+                msg, fds = await receive(worker.sock)
+                for fd in fds:
+                    os.close(fd)
+                if msg is None:
+                    break
+                if msg.get("ready"):
+                    worker.ready = True
+                    self._failed_starts = 0
+                    continue
+                call = worker.calls.get(msg.get("id", 0))
+                if call is not None:
+                    self.answered += 1
+                    call.reply = msg
+                    call.done.set()
+        except OSError:
+            pass
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._ended(worker)
+
+    async def _ended(self, worker: _Worker) -> None:
+        worker.alive = False
+        self._workers.remove(worker)
+        worker.sock.close()
+        pending = list(worker.calls.values())
+        for call in pending:
+            call.error = StoreError(
+                f"part worker {worker.proc.pid} ended with the part in flight",
+                temporary=True,
+                code=WORKER_DIED,
+            )
+            call.done.set()
+        status = await _reap(worker.proc)
+        if self.closing:
+            return
+        how = f"ended ({_status_text(status)})"
+        if worker.ready:
+            self.replaced += 1
+            log.warning(
+                "part worker %d %s with %d parts in flight (they are sent again); starting another",
+                worker.proc.pid,
+                how,
+                len(pending),
+            )
+            self._start()
+        else:
+            self._failed(f"worker {worker.proc.pid} {how} before it was ready")
+
+    def _pick(self) -> _Worker | None:
+        alive = [w for w in self._workers if w.alive]
+        return min(alive, key=lambda w: len(w.calls)) if alive else None
+
+    async def upload_part(
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        fd: int,
+        offset: int,
+        length: int,
+        *,
+        checksum: bool,
+    ) -> tuple[str, int]:
+        """What :meth:`Store.upload_part_from` returns, from a worker; ``checksum``: whether the
+        part carries its CRC32 (the upload was made with that algorithm)."""
+        what = f"PART {number} of {key}"
+        worker = self._pick()
+        if worker is None:
+            raise StoreError(f"{what}: no part worker is running", temporary=True, code=WORKER_DIED)
+        rid = next(self._ids)
+        call = _Call()
+        worker.calls[rid] = call
+        request = {
+            "op": "part",
+            "id": rid,
+            "key": key,
+            "upload_id": upload_id,
+            "number": number,
+            "offset": offset,
+            "length": length,
+            "checksum": checksum,
+        }
+        try:
+            try:
+                await worker.send(request, fd)
+            except OSError as e:
+                raise StoreError(
+                    f"{what}: part worker {worker.proc.pid} is gone ({e})",
+                    temporary=True,
+                    code=WORKER_DIED,
+                ) from None
+            try:
+                await call.done.wait()
+            except BaseException:  # cancelled: the part is no longer sent when this returns
+                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_WAIT):
+                    if worker.alive:
+                        with contextlib.suppress(OSError):
+                            await worker.send({"op": "cancel", "id": rid})
+                        await call.done.wait()
+                raise
+        finally:
+            del worker.calls[rid]
+        if call.error is not None:
+            raise call.error
+        reply = call.reply or {}
+        if "error" in reply:
+            raise error_of(reply)
+        if reply.get("cancelled"):
+            raise StoreError(f"{what}: cancelled", temporary=True, code="Cancelled")
+        return str(reply["etag"]), int(reply["crc"])
+
+    async def _close(self) -> None:
+        self.closing = True
+        for worker in self._workers:
+            with contextlib.suppress(OSError):
+                worker.sock.shutdown(socket.SHUT_WR)  # end of file: the worker exits
+        with trio.move_on_after(STOP_WAIT):
+            while self._workers:
+                await trio.sleep(0.02)
+        for worker in self._workers:
+            log.warning("part worker %d did not exit: killing it", worker.proc.pid)
+            with contextlib.suppress(OSError):
+                worker.proc.kill()
+
+
+async def _reap(proc: subprocess.Popen[bytes]) -> int:
+    """The worker's exit status, once it has exited; killed if it lingers past STOP_WAIT."""
+    with trio.move_on_after(STOP_WAIT):
+        while proc.poll() is None:
+            await trio.sleep(0.02)
+    if proc.poll() is None:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        return await trio.to_thread.run_sync(proc.wait)
+    return proc.returncode
+
+
+def _status_text(status: int) -> str:
+    if status < 0:
+        return f"killed by signal {-status}"
+    return f"exit status {status}"

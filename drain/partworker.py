@@ -1,0 +1,198 @@
+"""A part worker: a process that reads multipart parts from cache files and sends them.
+
+The daemon's :class:`drain.partpool.PartPool` starts these (``python -m
+ckptgw.drain.partworker FD PARENT``) so that the bytes of uploads are read, checksummed and
+sent by more than one interpreter. A worker runs its own :class:`drain.s3store.S3Store`; it
+schedules nothing and journals nothing.
+
+The protocol, one JSON object per ``SOCK_SEQPACKET`` message on the socket ``FD``:
+
+* daemon -> worker: first ``{"op": "open", "url", "endpoint_url", "read_timeout",
+  "max_connections"}``; then ``{"op": "part", "id", "key", "upload_id", "number", "offset",
+  "length", "checksum"}`` with the cache file's descriptor (``SCM_RIGHTS``: the worker reads
+  the file the daemon opened, no path and no second permission check), and ``{"op":
+  "cancel", "id"}``.
+* worker -> daemon: ``{"ready": true}`` once its store is open; for each part one answer
+  with its ``id``: ``{"etag", "crc"}``, ``{"error", "temporary", "code", "retry_after",
+  "not_found"}`` (a classified :class:`StoreError`) or ``{"cancelled": true}``.
+
+Credentials come only from the inherited environment and profile (the standard chain), never
+from the command line or the socket. A worker ends when the daemon's end of the socket
+closes, and is killed if the daemon dies (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import trio
+
+from ckptgw.drain.store import NotFound, StoreError, read_part
+from ckptgw.drain.storeurl import parse_store_url
+
+MAX_MESSAGE = 64 << 10
+PR_SET_PDEATHSIG = 1
+Message = dict[str, Any]
+
+
+def encode(msg: Message) -> bytes:
+    return json.dumps(msg, separators=(",", ":")).encode()
+
+
+async def send(sock: trio.socket.SocketType, msg: Message, fd: int | None = None) -> None:
+    """One message, with ``fd`` passed along if given."""
+    ancillary = []
+    if fd is not None:
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]).tobytes())]
+    await sock.sendmsg([encode(msg)], ancillary)
+
+
+async def receive(sock: trio.socket.SocketType) -> tuple[Message | None, list[int]]:
+    """The next message and the descriptors that came with it; (None, []) at end of file."""
+    data, ancillary, _, _ = await sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4 * 4))
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            got = array.array("i")
+            got.frombytes(payload[: len(payload) - len(payload) % got.itemsize])
+            fds.extend(got)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return json.loads(data), fds
+
+
+def error_message(e: StoreError) -> Message:
+    return {
+        "error": str(e),
+        "temporary": e.temporary,
+        "code": e.code,
+        "retry_after": e.retry_after,
+        "not_found": isinstance(e, NotFound),
+    }
+
+
+def error_of(msg: Message) -> StoreError:
+    """The StoreError an answer describes (its class and classification kept)."""
+    if msg.get("not_found"):
+        return NotFound(str(msg["error"]), str(msg.get("code") or "NoSuchKey"))
+    return StoreError(
+        str(msg["error"]),
+        temporary=bool(msg["temporary"]),
+        code=str(msg.get("code") or ""),
+        retry_after=msg.get("retry_after"),
+    )
+
+
+async def serve(raw: socket.socket) -> None:
+    """Answer the daemon's requests until it closes its end."""
+    from ckptgw.drain.s3store import S3Store  # after the socket is known good: botocore is slow
+
+    sock = trio.socket.from_stdlib_socket(raw)
+    opening, fds = await receive(sock)
+    for fd in fds:
+        os.close(fd)
+    if opening is None or opening.get("op") != "open":
+        return
+    sending = trio.Lock()
+
+    async def answer(msg: Message) -> None:
+        async with sending:
+            with contextlib.suppress(OSError):  # the daemon is gone: the read loop ends too
+                await send(sock, msg)
+
+    async with S3Store.open(
+        parse_store_url(opening["url"]),
+        opening["endpoint_url"],
+        read_timeout=float(opening["read_timeout"]),
+        max_connections=int(opening["max_connections"]),
+    ) as store:
+        scopes: dict[int, trio.CancelScope] = {}
+
+        async def part(msg: Message, fd: int) -> None:
+            rid = int(msg["id"])
+            reply: Message = {"cancelled": True}
+            with trio.CancelScope() as scope:
+                scopes[rid] = scope
+                try:
+                    try:
+                        data, crc = await trio.to_thread.run_sync(
+                            read_part, fd, int(msg["offset"]), int(msg["length"])
+                        )
+                    finally:
+                        os.close(fd)
+                    etag = await store.send_part(
+                        msg["key"],
+                        msg["upload_id"],
+                        int(msg["number"]),
+                        data,
+                        crc if msg["checksum"] else None,
+                    )
+                    reply = {"etag": etag, "crc": crc}
+                except StoreError as e:
+                    reply = error_message(e)
+                finally:
+                    del scopes[rid]
+            await answer({"id": rid} | reply)
+
+        await answer({"ready": True})
+        async with trio.open_nursery() as nursery:
+            while True:
+                msg, fds = await receive(sock)
+                if msg is None:
+                    break
+                if msg.get("op") == "cancel":
+                    scope = scopes.get(int(msg["id"]))
+                    if scope is not None:
+                        scope.cancel()
+                elif msg.get("op") == "part" and len(fds) == 1:
+                    nursery.start_soon(part, msg, fds[0])
+                else:  # not ours to guess: answer it as a bug, keep serving
+                    for fd in fds:
+                        os.close(fd)
+                    if "id" in msg:
+                        what = f"part worker: bad request {msg.get('op')!r}"
+                        bad = StoreError(what, temporary=False)
+                        await answer({"id": msg["id"]} | error_message(bad))
+            nursery.cancel_scope.cancel()
+
+
+def _die_with(parent: int) -> None:
+    """Be killed when the daemon dies, however it dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print(
+            "usage: python -m ckptgw.drain.partworker FD PARENT_PID (started by the daemon)",
+            file=sys.stderr,
+        )
+        return 2
+    fd, parent = int(args[0]), int(args[1])
+    _die_with(parent)
+    raw = socket.socket(fileno=fd)
+    try:
+        trio.run(serve, raw)
+    except KeyboardInterrupt:
+        return 1
+    finally:
+        raw.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
