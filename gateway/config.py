@@ -50,6 +50,14 @@ def _yield_to_saves(value: float | None) -> float:
     return 30.0 if (os.cpu_count() or 1) <= 4 else 0.0
 
 
+def _part_workers(value: int | None) -> int:
+    """Part worker processes pay off where cores are many (see drain.part_workers)."""
+    if value is not None:
+        return value
+    cpus = os.cpu_count() or 1
+    return 0 if cpus <= 4 else min(4, cpus // 4)
+
+
 def _escape_path(path: Path) -> str:
     """A file name for a mountpoint, like systemd-escape --path: /mnt/ckpt -> mnt-ckpt."""
     text = str(path).strip("/") or "root"
@@ -94,6 +102,7 @@ class Config:
     max_small_files: int = default("drain.max_small_files")
     yield_to_saves: float = 0.0
     max_parts: int = default("drain.max_parts")
+    part_workers: int = 0
     part_size: int = default("drain.part_size")
     multipart_threshold: int = default("drain.multipart_threshold")
     permanent_retry: float = default("drain.permanent_retry")
@@ -228,6 +237,7 @@ def load_config(
         max_small_files=get("drain.max_small_files"),
         yield_to_saves=_yield_to_saves(get("drain.yield_to_saves")),
         max_parts=get("drain.max_parts"),
+        part_workers=_part_workers(get("drain.part_workers")),
         part_size=get("drain.part_size"),
         multipart_threshold=get("drain.multipart_threshold"),
         permanent_retry=get("drain.permanent_retry"),

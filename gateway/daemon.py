@@ -480,7 +480,10 @@ async def _serve(
     engine: DrainEngine | None = None
     reporter: Reporter | None = None
 
-    async with open_store(cfg.store, cfg.endpoint_url) as raw, trio.open_nursery() as nursery:
+    async with (
+        open_store(cfg.store, cfg.endpoint_url, part_workers=cfg.part_workers) as raw,
+        trio.open_nursery() as nursery,
+    ):
         stats = RetryStats()
         store = RetryingStore(raw, RetryPolicy(), stats)
 

@@ -338,6 +338,12 @@ SETTINGS = (
             default_text="30 on a machine with 4 CPUs or fewer, else 0", example=30),
     Setting("drain", "max_parts", Number(1, whole=True), 8,
             "multipart parts in flight (memory: max_parts x part_size)", field="max_parts"),
+    Setting("drain", "part_workers", Number(0, whole=True), None,
+            "processes that read, checksum and send multipart parts (S3 stores), so that the "
+            "bytes of uploads use more than the daemon's one core; 0: the daemon sends them",
+            field="part_workers",
+            default_text="0 on a machine with 4 CPUs or fewer, else CPUs / 4, at most 4",
+            example=2),
     Setting("drain", "part_size", Size(), "16MiB",
             "multipart part size", field="part_size"),
     Setting("drain", "multipart_threshold", Size(), "16MiB",

@@ -122,6 +122,7 @@ def test_an_empty_config_file_gives_every_default_of_the_table(
     mnt = tmp_path / "mnt"
     escaped = str(mnt).strip("/").replace("/", "-")
     root = os.geteuid() == 0
+    cpus = os.cpu_count() or 1
     computed = {  # the defaults the table describes in words (docs/config.md says the same)
         "store.url": parse_store_url(
             "file:///var/lib/ckptgw/store" if root else f"file://{tmp_path}/data/ckptgw/store"
@@ -130,7 +131,8 @@ def test_an_empty_config_file_gives_every_default_of_the_table(
         "cache.dir": Path("/var/cache/ckptgw" if root else f"{tmp_path}/cache/ckptgw") / escaped,
         "cache.size": None,  # the cache disk's room
         "cache.fetch_chunk": None,  # adapts to each object
-        "drain.yield_to_saves": 30.0 if (os.cpu_count() or 1) <= 4 else 0.0,
+        "drain.yield_to_saves": 30.0 if cpus <= 4 else 0.0,
+        "drain.part_workers": 0 if cpus <= 4 else min(4, cpus // 4),
         "log.file": None,  # <cache dir>/ckptgw.log
         "retention.run": "a",  # required: the test's own
     }

@@ -6,6 +6,7 @@ real S3 HTTP API (moto) behind a fault-injecting proxy."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -218,6 +219,46 @@ def test_changes_during_the_upload_end_with_current_data_only(
     os.unlink(mnt / "unlinked.pt")
     os.truncate(mnt / "truncated.pt", 4096)
     settle_on(d.store, {"written.pt": v2, "final.pt": v1, "truncated.pt": v1[:4096]})
+
+
+def part_workers_of(daemon: int) -> list[int]:
+    """The daemon's part worker processes (drain.partpool)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(") ", 1)[1].split()[:2]
+        if int(ppid) == daemon and state != "Z" and b"ckptgw.drain.partworker" in cmdline:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("drain", ["s3"], indirect=True)  # holds a part at the S3 proxy
+def test_a_part_worker_killed_mid_upload_loses_nothing(drain: Callable[..., DrainSetup]) -> None:
+    d = drain(part_workers=1, max_parts=2)
+    assert d.proxy is not None and d.gw.pid is not None
+    daemon = d.gw.pid
+    [worker] = part_workers_of(daemon)
+    hold = d.proxy.add(Fault("hold", "PUT", r"partNumber=3(&|$)"))
+    data = os.urandom(20 << 20)  # 4 parts of 5 MiB
+    (d.gw.mountpoint / "big.pt").write_bytes(data)
+    proxy = d.proxy
+    wait_for("part 3 to be held", lambda: any(o == "hold" for _, _, o in proxy.log))
+    os.kill(worker, signal.SIGKILL)
+    wait_for("another part worker", lambda: part_workers_of(daemon) not in ([], [worker]))
+    hold.release()
+    settle_on(d.store, {"big.pt": data})
+    assert d.store.metadata("big.pt")["part-size"] == str(5 << 20)
+    log = (d.gw.cache_dir / "ckptgw.log").read_text()
+    assert f"part worker {worker} ended (killed by signal 9)" in log
+    [replacement] = part_workers_of(daemon)
+    d.gw.kill()  # a crashed daemon takes its workers with it
+    wait_for("the part worker to exit", lambda: not Path(f"/proc/{replacement}").exists())
 
 
 @pytest.mark.parametrize("drain", ["s3"], indirect=True)  # counts requests at the S3 proxy
