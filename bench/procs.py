@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -9,6 +10,41 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (the daemon's: its part workers)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            except OSError:
+                continue
+            if int(ppid) == pid and state != "Z":
+                out.append(int(entry))
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid``, its live children and the children it has reaped."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    total = sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    for child in children(pid):
+        with contextlib.suppress(OSError):  # ended meanwhile (once reaped: counted above)
+            total += cpu_seconds(child)
+    return total
+
+
+def tree_peak_rss(pid: int) -> int:
+    """The peak resident memory of ``pid`` plus its live children's (each its own VmHWM)."""
+    total = peak_rss(pid)
+    for child in children(pid):
+        with contextlib.suppress(OSError, RuntimeError):
+            total += peak_rss(child)
+    return total
 
 
 def peak_rss(pid: int) -> int:

@@ -45,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,7 +58,7 @@ import boto3
 import torch
 
 from bench import baseline, nfs
-from bench.procs import cpu_seconds, peak_rss
+from bench.procs import children, cpu_seconds, tree_cpu_seconds, tree_peak_rss
 from bench.results import save
 from bench.workloads import dcp_load, dcp_save, save_atomic, state_dict, write_small
 from ckptgw.fsops import passthrough
@@ -168,6 +169,7 @@ class Bench:
         path: str,
         rows: list[Row],
         samples: dict[str, Any],
+        part_workers: int | None = None,
     ) -> None:
         self.work = work
         work.mkdir()
@@ -184,7 +186,11 @@ class Bench:
         self.config.write_text(
             f'[drain]\npart_size = "{PART >> 20}MiB"\nmultipart_threshold = "{PART >> 20}MiB"\n'
             f"max_parts = {PARTS}\n"
+            + (f"part_workers = {part_workers}\n" if part_workers is not None else "")
         )
+        # Part worker processes (drain.partpool): the gateway's default unless given; a
+        # given count is named in each row's "at" column.
+        self.workers = "" if part_workers is None else f", {part_workers} part workers"
         self._nodes = 0
 
     # -- helpers ------------------------------------------------------------------------------
@@ -288,7 +294,7 @@ class Bench:
     # -- one checkpoint per size --------------------------------------------------------------
 
     def sizes(self, size: int) -> None:
-        label = mib(size)
+        label = mib(size) + self.workers
         say(
             f"\n## {label} checkpoint [{self.path}]: save stall, save CPU, cold read, "
             "time to durable, drain CPU, memory"
@@ -303,16 +309,16 @@ class Bench:
                 d = self.disk / "ckpt.pt"
                 t_disk = timed(functools.partial(save_atomic, sd, d))
                 nbytes = d.stat().st_size
-                up = self.boto3("upload", {f"boto3/{label}/{i}.pt": d})
+                up = self.boto3("upload", {f"boto3/size/{i}.pt": d})
                 step = gw.mountpoint / f"size/step_{i}"
                 step.mkdir(parents=True)
                 m = step / "ckpt.pt"
                 c0 = cpu_seconds(gw.pid)
                 t_mount = timed(functools.partial(save_atomic, sd, m))
                 save_cpu = cpu_seconds(gw.pid) - c0
-                t0, c0 = time.perf_counter(), cpu_seconds(gw.pid)
+                t0, c0 = time.perf_counter(), tree_cpu_seconds(gw.pid)  # with its workers
                 self.wait_durable(gw, {f"gw/size/step_{i}/ckpt.pt": nbytes})
-                t_durable, cpu = time.perf_counter() - t0, cpu_seconds(gw.pid) - c0
+                t_durable, cpu = time.perf_counter() - t0, tree_cpu_seconds(gw.pid) - c0
                 reads = self.cold_reads(d, m) if i else None  # the mount's copy is clean now
                 d.unlink()
                 say(
@@ -346,7 +352,7 @@ class Bench:
                         s["read_mount"].append(reads[1])
                 m.unlink()
                 self.delete("boto3/")
-            rss = peak_rss(gw.pid)
+            rss = tree_peak_rss(gw.pid)
         del sd
         gib = nbytes / (1 << 30)
         med = {k: statistics.median(v) for k, v in s.items() if v}
@@ -677,6 +683,111 @@ class Bench:
         self.samples[f"writers {n} {self.path}"] = {"shard_bytes": shard, "samples": s}
         self.add_files_rows("writers", str(n), s)
 
+    def drain_files(self, n: int, size: int) -> None:
+        """``n`` files of ``size`` written at once (a thread each, fsynced), then drained at
+        once: from the last write's return until all are in the bucket, against boto3
+        uploading the same files at once (one transfer manager: the same part size and parts
+        in flight). CPU: the daemon with its part workers, and the daemon alone."""
+        x = (f"{n}x{mib(size)}" if n > 1 else mib(size)) + self.workers
+        say(f"\n## {x} [{self.path}]: {n} file(s) draining at once")
+        block = os.urandom(64 << 20)
+
+        def write_all(target: Path) -> list[Path]:
+            target.mkdir(parents=True)
+            files = [target / f"f{k}.bin" for k in range(n)]
+
+            def write(path: Path) -> None:
+                with path.open("wb") as f:
+                    f.write(os.urandom(16))  # no two files alike
+                    for off in range(16, size, len(block)):
+                        f.write(block[: min(len(block), size - off)])
+                    f.flush()
+                    os.fsync(f.fileno())
+
+            os.sync()
+            threads = [threading.Thread(target=write, args=(p,)) for p in files]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return files
+
+        keys = ("boto3", "durable", "boto3_cpu", "cpu", "daemon_cpu")
+        s: dict[str, list[float]] = {k: [] for k in keys}
+        with self.node() as gw:
+            assert gw.pid is not None
+            pid = gw.pid
+            workers = len(children(pid))
+            for i in range(self.runs + 1):  # the first round warms both up and is not counted
+                got: dict[str, float] = {}
+
+                def disk_side(i: int = i, got: dict[str, float] = got) -> None:
+                    files = write_all(self.disk / f"drain_{i}")
+                    up = self.boto3("upload", {f"boto3/drain_{i}/{p.name}": p for p in files})
+                    got.update(boto3=up["seconds"], boto3_cpu=up["cpu_seconds"])
+                    shutil.rmtree(self.disk / f"drain_{i}")
+                    self.delete("boto3/")
+
+                def mount_side(i: int = i, got: dict[str, float] = got) -> None:
+                    files = write_all(gw.mountpoint / "drain" / f"step_{i}")
+                    want = {f"gw/drain/step_{i}/{p.name}": size for p in files}
+                    t0, c0, d0 = time.perf_counter(), tree_cpu_seconds(pid), cpu_seconds(pid)
+                    self.wait_durable(gw, want)
+                    got.update(
+                        durable=time.perf_counter() - t0,
+                        cpu=tree_cpu_seconds(pid) - c0,
+                        daemon_cpu=cpu_seconds(pid) - d0,
+                    )
+                    shutil.rmtree(gw.mountpoint / "drain" / f"step_{i}")
+                    control = gw.control()
+                    while control.request("status")["queue"]["store_ops"]:
+                        time.sleep(0.1)
+
+                for side in (disk_side, mount_side) if i % 2 else (mount_side, disk_side):
+                    side()
+                gib = n * size / (1 << 30)
+                say(
+                    f"  run {i}{' (warm-up)' if not i else ''}: durable after "
+                    f"{got['durable']:6.2f} s ({n * size / got['durable'] / 2**20:5.0f} MiB/s; "
+                    f"CPU {got['cpu'] / gib:5.2f} s/GiB, the daemon's own "
+                    f"{got['daemon_cpu'] / gib:5.2f}), boto3 upload {got['boto3']:6.2f} s "
+                    f"({n * size / got['boto3'] / 2**20:5.0f} MiB/s; "
+                    f"CPU {got['boto3_cpu'] / gib:5.2f} s/GiB)"
+                )
+                if i:
+                    for k in keys:
+                        s[k].append(got[k])
+            rss = tree_peak_rss(pid)
+        gib = n * size / (1 << 30)
+        self.samples[f"drain {x} {self.path}"] = {
+            "files": n,
+            "file_bytes": size,
+            "part_workers": workers,
+            "samples": s,
+            "daemon_and_workers_peak_rss": rss,
+        }
+        med = {k: statistics.median(v) for k, v in s.items()}
+        self.add(
+            Row("time to durable (at once)", x, "boto3 upload", med["boto3"], med["durable"], "s"),
+            Row(
+                "drain CPU s/GiB (at once)",
+                x,
+                "boto3 upload",
+                med["boto3_cpu"] / gib,
+                med["cpu"] / gib,
+                "s",
+            ),
+            Row(
+                "daemon's own CPU s/GiB",
+                x,
+                "boto3 upload",
+                med["boto3_cpu"] / gib,
+                med["daemon_cpu"] / gib,
+                "s",
+            ),
+        )
+        self.delete("gw/drain/")
+
     def nfs_writes(self, size: int, n: int) -> None:
         x = mib(size) if n == 1 else f"{n}x{mib(size)}"
         say(f"\n## NFS gateway: {n} writer(s), {mib(size)} each: NFS vs FUSE mount vs disk")
@@ -763,7 +874,15 @@ def main() -> None:
     )
     ap.add_argument("--nfs-mib", type=int, default=1024, help="each NFS writer's file")
     ap.add_argument("--nfs-writers", default="1,8", help="NFS writer counts")
-    ap.add_argument("--only", default="save,restore,files,writers,nfs")
+    ap.add_argument("--drain-files", default="1,4,8", help="files draining at once")
+    ap.add_argument("--drain-mib", type=int, default=256, help="each draining file's size")
+    ap.add_argument(
+        "--part-workers",
+        default="",
+        help="drain.part_workers for the save and drain sections, one round each (e.g. 0,4); "
+        "default: the gateway's own",
+    )
+    ap.add_argument("--only", default="save,restore,files,writers,drain,nfs")
     ap.add_argument(
         "--paths",
         default=f"{PASSTHROUGH},{DAEMON}",
@@ -787,20 +906,34 @@ def main() -> None:
     t_start = time.monotonic()
     rows: list[Row] = []  # reported even if a later section fails
     samples: dict[str, Any] = {}
-    sections: list[tuple[str, Callable[[Bench], None]]] = []
+    sections: list[tuple[str, int | None, Callable[[Bench], None]]] = []
+    worker_counts = [int(x) for x in args.part_workers.split(",")] if args.part_workers else [None]
+    first = worker_counts[0]  # the other sections' (one round)
     for path in paths:
         if "save" in only:
-            for size in (int(x) << 20 for x in args.sizes.split(",")):
-                sections.append((path, functools.partial(Bench.sizes, size=size)))
+            for workers in worker_counts:
+                for size in (int(x) << 20 for x in args.sizes.split(",")):
+                    sections.append((path, workers, functools.partial(Bench.sizes, size=size)))
+        if "drain" in only:
+            for workers in worker_counts:
+                for n in (int(x) for x in args.drain_files.split(",")):
+                    sections.append(
+                        (
+                            path,
+                            workers,
+                            functools.partial(Bench.drain_files, n=n, size=args.drain_mib << 20),
+                        )
+                    )
         if "restore" in only:
             for size in (int(x) << 20 for x in args.restore_sizes.split(",")):
                 defaults = size <= args.restore_defaults_max_mib << 20
                 sections.append(
-                    (path, functools.partial(Bench.restore, size=size, defaults=defaults))
+                    (path, first, functools.partial(Bench.restore, size=size, defaults=defaults))
                 )
             sections.append(
                 (
                     path,
+                    first,
                     functools.partial(
                         Bench.restore_files, total=args.dcp_mib << 20, tensors=args.dcp_tensors
                     ),
@@ -812,6 +945,7 @@ def main() -> None:
                 sections.append(
                     (
                         path,
+                        first,
                         functools.partial(
                             Bench.many_files,
                             total=args.dcp_mib << 20,
@@ -824,6 +958,7 @@ def main() -> None:
                 sections.append(
                     (
                         path,
+                        first,
                         functools.partial(
                             Bench.small_files, count=args.small_files, size=args.small_kib << 10
                         ),
@@ -832,19 +967,21 @@ def main() -> None:
         if "writers" in only:
             for n in (int(x) for x in args.writers.split(",")):
                 sections.append(
-                    (path, functools.partial(Bench.writers, n=n, shard=args.shard_mib << 20))
+                    (path, first, functools.partial(Bench.writers, n=n, shard=args.shard_mib << 20))
                 )
         if "nfs" in only:
             for n in (int(x) for x in args.nfs_writers.split(",")):
                 sections.append(
-                    (path, functools.partial(Bench.nfs_writes, size=args.nfs_mib << 20, n=n))
+                    (path, first, functools.partial(Bench.nfs_writes, size=args.nfs_mib << 20, n=n))
                 )
     try:
-        for i, (path, section) in enumerate(sections):
+        for i, (path, workers, section) in enumerate(sections):
             # A moto server per section: it keeps every object in memory, and one server for
             # every size on both paths ran out of it (24 GiB).
             with moto_server() as endpoint:
-                section(Bench(work / f"section{i}", endpoint, args.runs, path, rows, samples))
+                section(
+                    Bench(work / f"section{i}", endpoint, args.runs, path, rows, samples, workers)
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if rows:
