@@ -190,7 +190,11 @@ class Bench:
         )
         # Part worker processes (drain.partpool): the gateway's default unless given; a
         # given count is named in each row's "at" column.
-        self.workers = "" if part_workers is None else f", {part_workers} part workers"
+        self.workers = (
+            ""
+            if part_workers is None
+            else f", {part_workers} part worker{'' if part_workers == 1 else 's'}"
+        )
         self._nodes = 0
 
     # -- helpers ------------------------------------------------------------------------------
@@ -1007,6 +1011,7 @@ def report(
             "boto3_download_defaults": list(BOTO3_DEFAULTS),
             "runs": args.runs,
             "paths": sorted({r.path for r in rows}),
+            "part_workers": args.part_workers or "the gateway's default",
         },
         "rows": [asdict(r) | {"ratio": r.ratio, "target": r.target} for r in rows],
         "samples": samples,

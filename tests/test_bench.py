@@ -69,6 +69,12 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
             "8",
             "--nfs-writers",
             "2",
+            "--drain-files",
+            "2",
+            "--drain-mib",
+            "16",
+            "--part-workers",
+            "1",
             "--runs",
             "1",
             "--paths",
@@ -92,12 +98,16 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
     doc = json.loads((tmp_path / "out/suite.json").read_text())
     paths = doc["settings"]["paths"]
     assert paths == [ONE_PATH]  # every path runs the same bench code: the suite's time on one
+    worker = ", 1 part worker"  # the save and drain sections run with one
     each = {
-        ("save stall", "16 MiB"),
-        ("save CPU s/GiB", "16 MiB"),
-        ("time to durable", "16 MiB"),
-        ("drain CPU s/GiB", "16 MiB"),
-        ("peak memory (MiB)", "16 MiB"),
+        ("save stall", "16 MiB" + worker),
+        ("save CPU s/GiB", "16 MiB" + worker),
+        ("time to durable", "16 MiB" + worker),
+        ("drain CPU s/GiB", "16 MiB" + worker),
+        ("peak memory (MiB)", "16 MiB" + worker),
+        ("time to durable (at once)", "2x16 MiB" + worker),
+        ("drain CPU s/GiB (at once)", "2x16 MiB" + worker),
+        ("daemon's own CPU s/GiB", "2x16 MiB" + worker),
         ("cold restore", "16 MiB"),
         ("cold restore (boto3 defaults)", "16 MiB"),
         ("cold restore (DCP)", "17 files"),
@@ -120,7 +130,7 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
         ("time to durable (writers)", "2"),
     }
     if os.geteuid() == 0:  # it drops the page cache
-        each.add(("cold read (cached)", "16 MiB"))
+        each.add(("cold read (cached)", "16 MiB" + worker))
     if nfs_unavailable() is None:
         for metric in ("write + fsync (mount)", "write + fsync (NFS)", "write + fsync (NFS/mount)"):
             each.add((metric, "2x8 MiB"))
