@@ -12,6 +12,9 @@ FUSE_STAMP := $(VENV)/fuse/.built
 # NFS client the tests compile against); iproute2 and util-linux give the network namespace.
 TESTPKGS := shellcheck nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-dev gcc iproute2
 PYTEST_ARGS ?=
+# Test processes for `make test`: 3 on 2 cores, since most tests wait (settle timers, fsync,
+# the S3 server) rather than compute; every test has its own temp dirs, ports and mounts.
+PYTEST_WORKERS ?= 3
 
 .PHONY: demo test test-fast lint bench sysdeps testdeps apt venv clean
 
@@ -58,7 +61,7 @@ lint: venv
 	$(BIN)/mypy
 
 test: venv testdeps lint
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The tests that need no FUSE mount, no S3 server and no torch (seconds; no lint). mount and
 # s3 are set by tests/conftest.py from the fixtures a test uses.

@@ -178,6 +178,10 @@ class PartPool:
                     call.done.set()
         except OSError:
             pass
+        except Exception:  # an answer that is not the protocol's: the worker is not trusted
+            log.exception("part worker %d answered garbage: stopping it", worker.proc.pid)
+            with contextlib.suppress(OSError):
+                worker.proc.kill()
         finally:
             with trio.CancelScope(shield=True):
                 await self._ended(worker)
@@ -186,6 +190,12 @@ class PartPool:
         worker.alive = False
         self._workers.remove(worker)
         worker.sock.close()
+        # A worker that was serving is replaced before its callers hear of it, so that their
+        # retries find the replacement (its socket takes requests before it is ready).
+        replace = worker.ready and not self.closing
+        if replace:
+            self.replaced += 1
+            self._start()
         pending = list(worker.calls.values())
         for call in pending:
             call.error = StoreError(
@@ -195,19 +205,15 @@ class PartPool:
             )
             call.done.set()
         status = await _reap(worker.proc)
-        if self.closing:
-            return
         how = f"ended ({_status_text(status)})"
-        if worker.ready:
-            self.replaced += 1
+        if replace:
             log.warning(
-                "part worker %d %s with %d parts in flight (they are sent again); starting another",
+                "part worker %d %s with %d parts in flight (they are sent again); started another",
                 worker.proc.pid,
                 how,
                 len(pending),
             )
-            self._start()
-        else:
+        elif not self.closing:
             self._failed(f"worker {worker.proc.pid} {how} before it was ready")
 
     def _pick(self) -> _Worker | None:
@@ -271,7 +277,14 @@ class PartPool:
             raise error_of(reply)
         if reply.get("cancelled"):
             raise StoreError(f"{what}: cancelled", temporary=True, code="Cancelled")
-        return str(reply["etag"]), int(reply["crc"])
+        try:
+            return str(reply["etag"]), int(reply["crc"])
+        except (KeyError, TypeError, ValueError):
+            raise StoreError(
+                f"{what}: the part worker's answer has no ETag and CRC32: {reply!r}",
+                temporary=True,
+                code=WORKER_DIED,
+            ) from None
 
     async def _close(self) -> None:
         self.closing = True

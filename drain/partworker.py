@@ -87,7 +87,7 @@ def error_of(msg: Message) -> StoreError:
         return NotFound(str(msg["error"]), str(msg.get("code") or "NoSuchKey"))
     return StoreError(
         str(msg["error"]),
-        temporary=bool(msg["temporary"]),
+        temporary=bool(msg.get("temporary")),
         code=str(msg.get("code") or ""),
         retry_after=msg.get("retry_after"),
     )
@@ -140,6 +140,11 @@ async def serve(raw: socket.socket) -> None:
                     reply = {"etag": etag, "crc": crc}
                 except StoreError as e:
                     reply = error_message(e)
+                except Exception as e:  # the cache file unreadable (EIO), or a bug: said, not fatal
+                    what = f"part {msg.get('number')} of {msg.get('key')}"
+                    reply = error_message(
+                        StoreError(f"{what}: {type(e).__name__}: {e}", temporary=False)
+                    )
                 finally:
                     del scopes[rid]
             await answer({"id": rid} | reply)

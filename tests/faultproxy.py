@@ -8,7 +8,8 @@ Faults apply to the next ``count`` requests whose method and path match:
   the client gives up and retries);
 * ``hold``: hold the request (its body read) until the test calls ``release()``, or for
   ``seconds`` (default 50, under the client's read timeout): an upload seen mid-way without
-  depending on timing;
+  depending on timing; with ``drop``, the held request is then dropped, not forwarded (its
+  client gave up on it: it must never reach the server after the client's retry);
 * ``corrupt``: flip one byte in the middle of the body on the way (a damaged network path).
 
 A request with an ``x-amz-checksum-crc32`` header has its body checked against it, as S3 does
@@ -35,6 +36,7 @@ class Fault:
     path: str = ".*"
     count: int = 1
     seconds: float = 0.0
+    drop: bool = False  # "hold": never forward the held request
     hits: int = 0
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -201,6 +203,8 @@ class FaultProxy:
                 elif fault is not None and fault.kind == "hold":
                     self.log.append((m, p, "hold"))
                     fault.released.wait(fault.seconds or 50.0)
+                    if fault.drop:
+                        return
                 elif fault is not None and fault.kind == "corrupt":
                     self.log.append((m, p, "corrupt"))
                 else:

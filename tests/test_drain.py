@@ -244,7 +244,7 @@ def test_a_part_worker_killed_mid_upload_loses_nothing(drain: Callable[..., Drai
     assert d.proxy is not None and d.gw.pid is not None
     daemon = d.gw.pid
     [worker] = part_workers_of(daemon)
-    hold = d.proxy.add(Fault("hold", "PUT", r"partNumber=3(&|$)"))
+    hold = d.proxy.add(Fault("hold", "PUT", r"partNumber=3(&|$)", drop=True))
     data = os.urandom(20 << 20)  # 4 parts of 5 MiB
     (d.gw.mountpoint / "big.pt").write_bytes(data)
     proxy = d.proxy
