@@ -112,6 +112,16 @@ class PartPool:
                 raise group.exceptions[0] from None
             raise
 
+    def view(self) -> dict[str, object]:
+        """What ``ckptgw status`` shows of the pool."""
+        return {
+            "configured": self.size,
+            "running": len(self.pids),
+            "replaced": self.replaced,
+            "parts": self.answered,
+            "in_use": self.usable,
+        }
+
     @property
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self._workers if w.alive]

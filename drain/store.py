@@ -18,9 +18,12 @@ import os
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
+
+if TYPE_CHECKING:
+    from ckptgw.drain.partpool import PartPool
 
 MIN_PART = 5 << 20  # S3: every part but the last
 MAX_PART = 5 << 30
@@ -156,6 +159,8 @@ class Store(abc.ABC):
     #: are copied part by part with ``copy_part``, which :class:`drain.retry.RetryingStore`
     #: does.
     copy_limit: int | None = None
+    #: The worker processes that send this store's parts (:mod:`drain.partpool`), if any.
+    part_pool: PartPool | None = None
 
     @abc.abstractmethod
     async def check(self) -> None:

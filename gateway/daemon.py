@@ -525,6 +525,7 @@ async def _serve(
             Recognizer(cfg.checkpoint_patterns),
             store_local=local_store(cfg.store) is not None,
             log_path=cfg.log_path,
+            part_pool=raw.part_pool,
         )
         lifecycle = Lifecycle(
             fs,

@@ -151,6 +151,8 @@ def status_text(st: dict[str, Any], colour: bool = False) -> str:
     )
     if st["last_error"]:
         lines.append(f"  last error: {st['last_error']}")
+    if st.get("part_workers"):
+        lines.append(part_workers_line(st["part_workers"], paint))
     lines += [warmup_line(w, paint) for w in st.get("warmups", []) if w["phase"] != "done"]
     if st.get("nfs"):
         lines.append(nfs_line(st["nfs"], paint))
@@ -179,6 +181,19 @@ def warmup_line(w: dict[str, Any], paint: Painter) -> str:
     if w["error"]:
         line += paint(f"; failed: {w['error']}", "local")
     return line
+
+
+def part_workers_line(pool: dict[str, Any], paint: Painter) -> str:
+    """ "part workers 4 of 4 running, 1 replaced, 812 parts sent"."""
+    if not pool["in_use"]:
+        return paint(
+            "  part workers failed to start: the daemon sends the parts (see the log)", "local"
+        )
+    replaced = f", {pool['replaced']} replaced" if pool["replaced"] else ""
+    return (
+        f"  part workers {pool['running']} of {pool['configured']} running{replaced}, "
+        f"{plural(pool['parts'], 'part')} sent"
+    )
 
 
 def nfs_line(nfs: dict[str, Any], paint: Painter) -> str:

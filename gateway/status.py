@@ -19,6 +19,7 @@ from ckptgw.drain.checkpoints import DRAINING, DURABLE, FileView, Recognizer
 from ckptgw.drain.engine import DrainEngine
 from ckptgw.drain.fetch import FetchStats
 from ckptgw.drain.lifecycle import Lifecycle as Retention
+from ckptgw.drain.partpool import PartPool
 from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.drain.progress import UploadProgress
 from ckptgw.fsops.filesystem import Filesystem
@@ -55,6 +56,7 @@ class Reporter:
         *,
         store_local: bool = False,
         log_path: Path | None = None,
+        part_pool: PartPool | None = None,
     ) -> None:
         self.mountpoint = mountpoint
         self.store_url = store_url
@@ -62,6 +64,7 @@ class Reporter:
         # (local store)", never plain durable, in every view.
         self.store_local = store_local
         self.log_path = log_path
+        self.part_pool = part_pool
         self.fs = fs
         self.engine = engine
         self.fetch_stats = fetch_stats
@@ -260,5 +263,6 @@ class Reporter:
             "last_error_at": retry.last_error_at or None,
             "checkpoints": checkpoints,
             "nfs": read_state(self.fs.cache.root),
+            "part_workers": None if self.part_pool is None else self.part_pool.view(),
             **listed,  # store_listing and pins
         }

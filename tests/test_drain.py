@@ -5,15 +5,18 @@ real S3 HTTP API (moto) behind a fault-injecting proxy."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import boto3
+import jsonschema
 import pytest
 import xxhash
 
@@ -257,6 +260,13 @@ def test_a_part_worker_killed_mid_upload_loses_nothing(drain: Callable[..., Drai
     log = (d.gw.cache_dir / "ckptgw.log").read_text()
     assert f"part worker {worker} ended (killed by signal 9)" in log
     [replacement] = part_workers_of(daemon)
+    status = d.gw.status()
+    schema = resources.files("gateway").joinpath("status.schema.json").read_text()
+    jsonschema.validate(status, json.loads(schema))
+    pool = status["part_workers"]  # each of the 4 parts answered once, in the end
+    assert pool == {"configured": 1, "running": 1, "replaced": 1, "parts": 4, "in_use": True}
+    text = d.gw.cli("status", str(d.gw.mountpoint)).stdout
+    assert "part workers 1 of 1 running, 1 replaced, 4 parts sent" in text
     d.gw.kill()  # a crashed daemon takes its workers with it
     wait_for("the part worker to exit", lambda: not Path(f"/proc/{replacement}").exists())
 
