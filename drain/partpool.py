@@ -9,15 +9,19 @@ it and answers with the ETag and the CRC32. The daemon only schedules and journa
 A worker that dies (kill -9, out of memory) fails the parts it had in flight with a
 temporary StoreError (code ``PartWorker``), which :class:`drain.retry.RetryingStore` retries
 like any other, and is replaced at once. A worker that ends before it is ready counts as a
-failed start; after :data:`FAILED_STARTS` in a row the pool stops (``usable`` is False) and
-parts go from the daemon again, with the reason logged. Cancelling a part tells its worker
-to stop sending it and waits (up to :data:`CANCEL_WAIT`) until it has, as the in-process
-client does. Closing the pool closes the sockets (the workers see end of file and exit),
-then kills what is still there after :data:`STOP_WAIT`.
+failed start; after :data:`FAILED_STARTS` in a row, or :data:`DEATHS` workers ending within
+:data:`DEATH_WINDOW` seconds, the pool stops (``usable`` is False) and parts go from the
+daemon again, with the reason logged (a worker that fails says why on its socket before it
+exits). Cancelling a part tells its worker to stop sending it and waits (up to
+:data:`CANCEL_WAIT`) until it has, as the in-process client does; a worker that has not by
+then is killed (and replaced), so the part is never still in flight when the cancel returns.
+Closing the pool closes the sockets (the workers see end of file and exit), then kills what
+is still there after :data:`STOP_WAIT`.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -36,6 +40,10 @@ from ckptgw.drain.store import StoreError
 log = logging.getLogger(__name__)
 
 FAILED_STARTS = 3
+# Workers that end while serving, this many within DEATH_WINDOW seconds: something kills
+# them (memory, a bug); the pool stops rather than start them for ever.
+DEATHS = 5
+DEATH_WINDOW = 60.0
 CANCEL_WAIT = 5.0
 STOP_WAIT = 5.0
 WORKER_DIED = "PartWorker"
@@ -55,6 +63,7 @@ class _Worker:
         self.calls: dict[int, _Call] = {}
         self.ready = False
         self.alive = True
+        self.fatal = ""  # what it said before it ended, if it could
         self.sending = trio.Lock()
 
     async def send(self, msg: Message, fd: int | None = None) -> None:
@@ -73,7 +82,9 @@ class PartPool:
         self.usable = True
         self.closing = False
         self.replaced = 0  # workers started again after one ended
-        self.answered = 0  # parts the workers answered for
+        self.answered = 0  # answers the workers gave (sent, failed or cancelled)
+        self.sent = 0  # parts the workers sent
+        self._deaths: collections.deque[float] = collections.deque(maxlen=DEATHS)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -118,7 +129,7 @@ class PartPool:
             "configured": self.size,
             "running": len(self.pids),
             "replaced": self.replaced,
-            "parts": self.answered,
+            "parts": self.sent,
             "in_use": self.usable,
         }
 
@@ -181,9 +192,14 @@ class PartPool:
                     worker.ready = True
                     self._failed_starts = 0
                     continue
+                if "fatal" in msg:
+                    worker.fatal = str(msg["fatal"])
+                    continue
                 call = worker.calls.get(msg.get("id", 0))
                 if call is not None:
                     self.answered += 1
+                    if "etag" in msg:
+                        self.sent += 1
                     call.reply = msg
                     call.done.set()
         except OSError:
@@ -204,6 +220,19 @@ class PartPool:
         # retries find the replacement (its socket takes requests before it is ready).
         replace = worker.ready and not self.closing
         if replace:
+            now = trio.current_time()
+            self._deaths.append(now)
+            if len(self._deaths) == DEATHS and now - self._deaths[0] < DEATH_WINDOW:
+                replace = False
+                self.usable = False
+                log.error(
+                    "part workers: %d ended within %.0f s (the last: %s), so parts are sent "
+                    "from the daemon from now on",
+                    DEATHS,
+                    now - self._deaths[0],
+                    worker.fatal or "no reason given",
+                )
+        if replace:
             self.replaced += 1
             self._start()
         pending = list(worker.calls.values())
@@ -215,7 +244,7 @@ class PartPool:
             )
             call.done.set()
         status = await _reap(worker.proc)
-        how = f"ended ({_status_text(status)})"
+        how = f"ended ({_status_text(status)}{': ' + worker.fatal if worker.fatal else ''})"
         if replace:
             log.warning(
                 "part worker %d %s with %d parts in flight (they are sent again); started another",
@@ -223,7 +252,7 @@ class PartPool:
                 how,
                 len(pending),
             )
-        elif not self.closing:
+        elif not worker.ready and not self.closing and self.usable:
             self._failed(f"worker {worker.proc.pid} {how} before it was ready")
 
     def _pick(self) -> _Worker | None:
@@ -263,7 +292,7 @@ class PartPool:
         try:
             try:
                 await worker.send(request, fd)
-            except OSError as e:
+            except (OSError, trio.ClosedResourceError) as e:
                 raise StoreError(
                     f"{what}: part worker {worker.proc.pid} is gone ({e})",
                     temporary=True,
@@ -272,11 +301,20 @@ class PartPool:
             try:
                 await call.done.wait()
             except BaseException:  # cancelled: the part is no longer sent when this returns
-                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_WAIT):
-                    if worker.alive:
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(CANCEL_WAIT):
+                        if worker.alive:
+                            with contextlib.suppress(OSError, trio.ClosedResourceError):
+                                await worker.send({"op": "cancel", "id": rid})
+                            await call.done.wait()
+                    if not call.done.is_set() and worker.alive:  # it did not stop: it goes
+                        log.warning(
+                            "part worker %d did not stop a cancelled part: killing it",
+                            worker.proc.pid,
+                        )
                         with contextlib.suppress(OSError):
-                            await worker.send({"op": "cancel", "id": rid})
-                        await call.done.wait()
+                            worker.proc.kill()
+                        await call.done.wait()  # its end fails the call (the socket closes)
                 raise
         finally:
             del worker.calls[rid]

@@ -14,7 +14,9 @@ The protocol, one JSON object per ``SOCK_SEQPACKET`` message on the socket ``FD`
   "cancel", "id"}``.
 * worker -> daemon: ``{"ready": true}`` once its store is open; for each part one answer
   with its ``id``: ``{"etag", "crc"}``, ``{"error", "temporary", "code", "retry_after",
-  "not_found"}`` (a classified :class:`StoreError`) or ``{"cancelled": true}``.
+  "not_found"}`` (a classified :class:`StoreError`) or ``{"cancelled": true}``; and
+  ``{"fatal": "..."}`` just before it exits on an error (the daemon logs it: a worker's
+  stderr may be /dev/null).
 
 Credentials come only from the inherited environment and profile (the standard chain), never
 from the command line or the socket. A worker ends when the daemon's end of the socket
@@ -31,12 +33,16 @@ import os
 import signal
 import socket
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ckptgw.drain.store import NotFound, StoreError, read_part
 from ckptgw.drain.storeurl import parse_store_url
+
+if TYPE_CHECKING:
+    from ckptgw.drain.s3store import S3Store
 
 MAX_MESSAGE = 64 << 10
 PR_SET_PDEATHSIG = 1
@@ -110,65 +116,79 @@ async def serve(raw: socket.socket) -> None:
             with contextlib.suppress(OSError):  # the daemon is gone: the read loop ends too
                 await send(sock, msg)
 
-    async with S3Store.open(
-        parse_store_url(opening["url"]),
-        opening["endpoint_url"],
-        read_timeout=float(opening["read_timeout"]),
-        max_connections=int(opening["max_connections"]),
-    ) as store:
-        scopes: dict[int, trio.CancelScope] = {}
+    try:
+        async with S3Store.open(
+            parse_store_url(opening["url"]),
+            opening["endpoint_url"],
+            read_timeout=float(opening["read_timeout"]),
+            max_connections=int(opening["max_connections"]),
+        ) as store:
+            await answer({"ready": True})
+            await _serve_parts(sock, store, answer)
+    except Exception as e:  # the daemon logs why (its stderr may be /dev/null)
+        await answer({"fatal": f"{type(e).__name__}: {e}"})
+        raise
 
-        async def part(msg: Message, fd: int) -> None:
-            rid = int(msg["id"])
-            reply: Message = {"cancelled": True}
-            with trio.CancelScope() as scope:
-                scopes[rid] = scope
+
+async def _serve_parts(
+    sock: trio.socket.SocketType, store: S3Store, answer: Callable[[Message], Awaitable[None]]
+) -> None:
+    # A part's cancel scope exists from the moment its request is read, so a cancel read
+    # right after it (before its task has run) still reaches it.
+    scopes: dict[int, trio.CancelScope] = {}
+
+    async def part(msg: Message, fd: int, scope: trio.CancelScope) -> None:
+        rid = int(msg["id"])
+        reply: Message = {"cancelled": True}
+        with scope:
+            try:
                 try:
-                    try:
-                        data, crc = await trio.to_thread.run_sync(
-                            read_part, fd, int(msg["offset"]), int(msg["length"])
-                        )
-                    finally:
-                        os.close(fd)
-                    etag = await store.send_part(
-                        msg["key"],
-                        msg["upload_id"],
-                        int(msg["number"]),
-                        data,
-                        crc if msg["checksum"] else None,
-                    )
-                    reply = {"etag": etag, "crc": crc}
-                except StoreError as e:
-                    reply = error_message(e)
-                except Exception as e:  # the cache file unreadable (EIO), or a bug: said, not fatal
-                    what = f"part {msg.get('number')} of {msg.get('key')}"
-                    reply = error_message(
-                        StoreError(f"{what}: {type(e).__name__}: {e}", temporary=False)
+                    data, crc = await trio.to_thread.run_sync(
+                        read_part, fd, int(msg["offset"]), int(msg["length"])
                     )
                 finally:
-                    del scopes[rid]
-            await answer({"id": rid} | reply)
+                    os.close(fd)
+                etag = await store.send_part(
+                    msg["key"],
+                    msg["upload_id"],
+                    int(msg["number"]),
+                    data,
+                    crc if msg["checksum"] else None,
+                )
+                reply = {"etag": etag, "crc": crc}
+            except StoreError as e:
+                reply = error_message(e)
+            except (MemoryError, RuntimeError) as e:  # out of memory, or of threads: later
+                reply = error_message(_unexpected(msg, e, temporary=True))
+            except Exception as e:  # a bug: said as a permanent error, the worker goes on
+                reply = error_message(_unexpected(msg, e, temporary=False))
+        del scopes[rid]
+        await answer({"id": rid} | reply)
 
-        await answer({"ready": True})
-        async with trio.open_nursery() as nursery:
-            while True:
-                msg, fds = await receive(sock)
-                if msg is None:
-                    break
-                if msg.get("op") == "cancel":
-                    scope = scopes.get(int(msg["id"]))
-                    if scope is not None:
-                        scope.cancel()
-                elif msg.get("op") == "part" and len(fds) == 1:
-                    nursery.start_soon(part, msg, fds[0])
-                else:  # not ours to guess: answer it as a bug, keep serving
-                    for fd in fds:
-                        os.close(fd)
-                    if "id" in msg:
-                        what = f"part worker: bad request {msg.get('op')!r}"
-                        bad = StoreError(what, temporary=False)
-                        await answer({"id": msg["id"]} | error_message(bad))
-            nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:
+        while True:
+            msg, fds = await receive(sock)
+            if msg is None:
+                break
+            if msg.get("op") == "cancel":
+                scope = scopes.get(int(msg["id"]))
+                if scope is not None:
+                    scope.cancel()
+            elif msg.get("op") == "part" and len(fds) == 1:
+                scopes[int(msg["id"])] = scope = trio.CancelScope()
+                nursery.start_soon(part, msg, fds[0], scope)
+            else:  # not ours to guess: answer it as a bug, keep serving
+                for fd in fds:
+                    os.close(fd)
+                if "id" in msg:
+                    bad = StoreError(f"part worker: bad request {msg.get('op')!r}", temporary=False)
+                    await answer({"id": msg["id"]} | error_message(bad))
+        nursery.cancel_scope.cancel()
+
+
+def _unexpected(msg: Message, e: BaseException, *, temporary: bool) -> StoreError:
+    what = f"PART {msg.get('number')} of {msg.get('key')}"
+    return StoreError(f"{what}: {type(e).__name__}: {e}", temporary=temporary, code="PartWorker")
 
 
 def _die_with(parent: int) -> None:

@@ -14,6 +14,7 @@ job: :class:`drain.retry.RetryingStore` wraps a store and does both (a copy abov
 from __future__ import annotations
 
 import abc
+import errno
 import os
 import zlib
 from collections.abc import AsyncIterator, Callable
@@ -311,10 +312,31 @@ class Store(abc.ABC):
 SHORT_FILE = "ShortFile"
 
 
+READ_ERROR = "ReadError"
+# errno values of a read that may succeed later (memory, descriptors, a signal)
+_TEMPORARY_ERRNOS = frozenset({errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EINTR})
+
+
 def read_part(fd: int, offset: int, length: int) -> tuple[bytes, int]:
     """Bytes [offset, offset + length) of a file and their CRC32: one read for both (zlib
-    releases the GIL). A file that ends sooner: permanent StoreError, code SHORT_FILE."""
-    data = os.pread(fd, length, offset)
+    releases the GIL). A file that ends sooner: permanent StoreError, code SHORT_FILE; a read
+    that fails: StoreError, code READ_ERROR (temporary for ENOMEM, EMFILE and the like,
+    permanent for EIO and the rest), so that a part read here or in a part worker fails the
+    same way."""
+    try:
+        data = os.pread(fd, length, offset)
+    except OSError as e:
+        raise StoreError(
+            f"reading [{offset}, {offset + length}) of the cache file: {e.strerror}",
+            temporary=e.errno in _TEMPORARY_ERRNOS,
+            code=READ_ERROR,
+        ) from None
+    except MemoryError:
+        raise StoreError(
+            f"reading [{offset}, {offset + length}) of the cache file: out of memory",
+            temporary=True,
+            code=READ_ERROR,
+        ) from None
     if len(data) != length:
         raise StoreError(
             f"the file ends at {offset + len(data)}, before the part [{offset}, "

@@ -183,7 +183,7 @@ class Uploader:
             return await self._entry(ino, generation, key, progress)
         size = ino.size
         progress.size = size
-        fd = self.table.cache.open(ino.id)
+        fd = self.table.cache.open_read(ino.id)
         try:
             record = self.journal.get_upload(ino.id)
             if record is not None and not (

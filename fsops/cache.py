@@ -250,6 +250,10 @@ class CacheFiles:
     def open(self, inode: int) -> int:
         return os.open(self._rel(inode), os.O_RDWR | os.O_CLOEXEC, dir_fd=self._dirfd)
 
+    def open_read(self, inode: int) -> int:
+        """A read-only descriptor (an upload's: it may be handed to a part worker process)."""
+        return os.open(self._rel(inode), os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._dirfd)
+
     def open_direct(self, inode: int) -> int:
         """A second, O_DIRECT descriptor for :class:`DirectWriter`; -1 without direct I/O."""
         if self.direct is None:

@@ -7,6 +7,7 @@ short file is a permanent error, and workers that cannot start leave the parts t
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import zlib
@@ -17,10 +18,10 @@ import boto3
 import pytest
 import trio
 
-from ckptgw.drain.partpool import WORKER_DIED, PartPool
+from ckptgw.drain.partpool import DEATHS, WORKER_DIED, PartPool
 from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
 from ckptgw.drain.s3store import S3Store
-from ckptgw.drain.store import SHORT_FILE, StoreError
+from ckptgw.drain.store import READ_ERROR, SHORT_FILE, StoreError, read_part
 from ckptgw.drain.storeurl import parse_store_url
 from ckptgw.fsops.contentsum import composite, crc32_b64
 from tests.faultproxy import Fault, FaultProxy
@@ -65,6 +66,10 @@ async def until(what: str, predicate: Callable[[], bool], timeout: float = 60) -
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def replaced(pool: PartPool, n: int) -> bool:
+    return pool.replaced == n
+
+
 def held(proxy: FaultProxy, number: int) -> bool:
     return any(o == "hold" and f"partNumber={number}" in p for _, p, o in proxy.log)
 
@@ -105,7 +110,7 @@ def test_parts_sent_by_worker_processes_make_the_object(
             async with trio.open_nursery() as nursery:
                 for n in (1, 2, 3):
                     nursery.start_soon(part, n)
-            assert pool.answered == 3  # the workers sent them, not this process
+            assert pool.sent == pool.answered == 3  # the workers sent them, not this process
             await store.complete_multipart("w/model.pt", upload, [got[n][0] for n in (1, 2, 3)])
             info = await store.head("w/model.pt")
             assert info is not None and info.crc32 is not None
@@ -186,6 +191,9 @@ def test_a_cancelled_part_stops_and_its_worker_goes_on(
                     await store.upload_part_from("w/model.pt", upload, 1, fd, 0, PART)
                     raise AssertionError("the held part returned")
             assert scope.cancelled_caught
+            # The worker answered "cancelled" in time: one that had not would have been
+            # killed (and replaced) for the part to be no longer in flight.
+            assert (pool.answered, pool.sent) == (1, 0)
             hold.release()  # the held copy is dropped, not sent after the next one
             etag, crc = await store.upload_part_from("w/model.pt", upload, 1, fd, 0, PART)
             assert crc == zlib.crc32(data)
@@ -240,4 +248,46 @@ def test_workers_that_cannot_start_leave_the_parts_to_the_daemon(
     finally:
         os.close(fd)
     assert "parts are sent from the daemon" in caplog.text
+    assert "StoreURLError" in caplog.text  # why, as the worker said it before it exited
     assert stored(s3_endpoint, bucket, "w/model.pt") == data
+
+
+def test_workers_that_keep_dying_leave_the_parts_to_the_daemon(
+    tmp_path: Path, s3_endpoint: str, bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ready workers that end, DEATHS of them within DEATH_WINDOW: the pool stops starting
+    them (something kills them: memory, a bug) instead of doing so for ever."""
+    data, fd = cache_file(tmp_path, PART)
+
+    async def go() -> None:
+        async with pooled(bucket, s3_endpoint, 1) as store:
+            pool = pool_of(store)
+            for n in range(DEATHS):
+                await until("a ready worker", lambda: any(w.ready for w in pool._workers))
+                os.kill(pool.pids[0], signal.SIGKILL)
+                if n < DEATHS - 1:
+                    await until("its replacement", functools.partial(replaced, pool, n + 1))
+            await until("the pool to give up", lambda: not pool.usable)
+            assert pool.pids == [] and pool.replaced == DEATHS - 1
+            upload = await store.create_multipart("w/model.pt", {})
+            etag, crc = await store.upload_part_from("w/model.pt", upload, 1, fd, 0, PART)
+            assert crc == zlib.crc32(data) and pool.sent == 0
+            await store.complete_multipart("w/model.pt", upload, [etag])
+
+    try:
+        trio.run(go)
+    finally:
+        os.close(fd)
+    assert f"{DEATHS} ended within" in caplog.text
+    assert stored(s3_endpoint, bucket, "w/model.pt") == data
+
+
+def test_a_failed_read_of_the_cache_file_is_a_classified_store_error(tmp_path: Path) -> None:
+    """The same on the daemon's path and in a worker (both call read_part)."""
+    fd = os.open(tmp_path, os.O_RDONLY)  # a directory: EISDIR, which no retry fixes
+    try:
+        with pytest.raises(StoreError) as caught:
+            read_part(fd, 0, PART)
+    finally:
+        os.close(fd)
+    assert caught.value.code == READ_ERROR and not caught.value.temporary
