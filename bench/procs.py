@@ -6,9 +6,14 @@ import contextlib
 import os
 
 
-def cpu_seconds(pid: int) -> float:
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name: state, ppid, ... utime is [11]."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = _stat(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -18,8 +23,7 @@ def children(pid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+                state, ppid = _stat(int(entry))[:2]
             except OSError:
                 continue
             if int(ppid) == pid and state != "Z":
@@ -29,8 +33,7 @@ def children(pid: int) -> list[int]:
 
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of ``pid``, its live children and the children it has reaped."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = _stat(pid)
     total = sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
     for child in children(pid):
         with contextlib.suppress(OSError):  # ended meanwhile (once reaped: counted above)

@@ -266,6 +266,13 @@ class Bench:
             time.sleep(max(0.02, 10 * (time.perf_counter() - t0)))
         self.wait_in_bucket(want, timeout=120)
 
+    def wait_store_ops(self, gw: Gateway) -> None:
+        """Until the gateway has done its pending store operations (the deletes of what was
+        just removed from the mount), so that they do not overlap what is timed next."""
+        control = gw.control()
+        while control.request("status")["queue"]["store_ops"]:
+            time.sleep(0.1)
+
     def delete(self, prefix: str) -> None:
         keys = list(self.keys(prefix))
         for i in range(0, len(keys), 1000):
@@ -341,9 +348,7 @@ class Bench:
                     if i and (read := self.cold_read(m)) is not None:  # clean in the cache now
                         got["read_mount"] = read
                     m.unlink()
-                    control = gw.control()
-                    while control.request("status")["queue"]["store_ops"]:  # its object deleted
-                        time.sleep(0.1)
+                    self.wait_store_ops(gw)  # its object deleted
 
                 for side in (disk_side, mount_side) if i % 2 else (mount_side, disk_side):
                     side()
@@ -599,9 +604,7 @@ class Bench:
         shutil.rmtree(m, ignore_errors=True)
         # The deletes of those objects are done before the next round (as the boto3 side's
         # are): they would otherwise compete with its uploads, or with boto3's.
-        control = gw.control()
-        while control.request("status")["queue"]["store_ops"]:
-            time.sleep(0.1)
+        self.wait_store_ops(gw)
         return got
 
     def add_files_rows(self, what: str, x: str, s: dict[str, list[float]]) -> None:
@@ -749,9 +752,7 @@ class Bench:
                         daemon_cpu=cpu_seconds(pid) - d0,
                     )
                     shutil.rmtree(gw.mountpoint / "drain" / f"step_{i}")
-                    control = gw.control()
-                    while control.request("status")["queue"]["store_ops"]:
-                        time.sleep(0.1)
+                    self.wait_store_ops(gw)
 
                 for side in (disk_side, mount_side) if i % 2 else (mount_side, disk_side):
                     side()

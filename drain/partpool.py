@@ -135,7 +135,7 @@ class PartPool:
 
     @property
     def pids(self) -> list[int]:
-        return [w.proc.pid for w in self._workers if w.alive]
+        return [w.proc.pid for w in self._workers]  # a worker leaves the list as it ends
 
     def _start(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -256,8 +256,7 @@ class PartPool:
             self._failed(f"worker {worker.proc.pid} {how} before it was ready")
 
     def _pick(self) -> _Worker | None:
-        alive = [w for w in self._workers if w.alive]
-        return min(alive, key=lambda w: len(w.calls)) if alive else None
+        return min(self._workers, key=lambda w: len(w.calls)) if self._workers else None
 
     async def upload_part(
         self,

@@ -305,7 +305,6 @@ class S3Store(Store):
         # complete, which must repeat them. Filled by upload_part, copy_part and list_parts
         # (a resumed upload); an upload whose checksums are unknown here sends none.
         self._crcs: dict[str, dict[int, str]] = {}
-        self.part_pool = None
 
     @classmethod
     @contextlib.asynccontextmanager

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -99,24 +99,17 @@ def _read(fd: int, size: int, off: int) -> bytes:
     return data
 
 
-@contextlib.contextmanager
-def _short_file_is_changed() -> Iterator[None]:
-    """A cache file shorter than its part (:data:`SHORT_FILE`) was truncated meanwhile."""
-    try:
-        yield
-    except StoreError as e:
-        if e.code == SHORT_FILE:
-            raise Changed("the cache file is shorter than the file") from None
-        raise
-
-
 def _reason(group: BaseExceptionGroup) -> BaseException:
-    """What a failed set of parts means for the upload: Changed, else the first StoreError.
+    """What a failed set of parts means for the upload: Changed (or a cache file shorter than
+    a part, :data:`SHORT_FILE`: truncated meanwhile), else the first StoreError.
 
     The other members are then cancelled siblings or more of the same. A group holding
     anything else (a bug) or only cancellations stays as it is."""
     _, other = group.split((Changed, StoreError, trio.Cancelled))
     if other is None:
+        short, _ = group.split(lambda e: isinstance(e, StoreError) and e.code == SHORT_FILE)
+        if short is not None:
+            return Changed("the cache file is shorter than the file")
         for kind in (Changed, StoreError):
             match, _ = group.split(kind)
             if match is not None:
@@ -296,37 +289,36 @@ class Uploader:
             length = length_of(number)
             off = (number - 1) * record.part_size
             try:
-                with _short_file_is_changed():
-                    kept = done.pop(number, None)
-                    if kept is None:  # read, checksummed and sent in one step (maybe elsewhere)
-                        etag, crc = await self._send(
-                            progress,
-                            length,
-                            lambda: self.store.upload_part_from(
-                                record.key, record.upload_id or "", number, fd, off, length
-                            ),
-                        )
-                        self.drained.read += length
-                        _check(ino, record.generation)
-                    else:  # sent before: kept if these are the bytes sent then
-                        data, crc = await trio.to_thread.run_sync(read_part, fd, off, length)
-                        self.drained.read += length
-                        _check(ino, record.generation)
-                        if kept[1] == crc:
-                            crcs[number] = crc
-                            done[number] = kept
-                            kept_parts.append(number)
-                            return
-                        # written since it was sent, or sent by an older version: again
-                        progress.sent -= length
-                        progress.resumed -= length
-                        etag = await self._send(
-                            progress,
-                            length,
-                            lambda: self.store.upload_part(
-                                record.key, record.upload_id or "", number, data, crc
-                            ),
-                        )
+                kept = done.pop(number, None)
+                if kept is None:  # read, checksummed and sent in one step (maybe elsewhere)
+                    etag, crc = await self._send(
+                        progress,
+                        length,
+                        lambda: self.store.upload_part_from(
+                            record.key, record.upload_id or "", number, fd, off, length
+                        ),
+                    )
+                    self.drained.read += length
+                    _check(ino, record.generation)
+                else:  # sent before: kept if these are the bytes sent then
+                    data, crc = await trio.to_thread.run_sync(read_part, fd, off, length)
+                    self.drained.read += length
+                    _check(ino, record.generation)
+                    crcs[number] = crc
+                    if kept[1] == crc:
+                        done[number] = kept
+                        kept_parts.append(number)
+                        return
+                    # written since it was sent, or sent by an older version: again
+                    progress.sent -= length
+                    progress.resumed -= length
+                    etag = await self._send(
+                        progress,
+                        length,
+                        lambda: self.store.upload_part(
+                            record.key, record.upload_id or "", number, data, crc
+                        ),
+                    )
             finally:
                 self.parts_limiter.release_on_behalf_of(token)
             crcs[number] = crc

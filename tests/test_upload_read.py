@@ -1,5 +1,6 @@
 """How an upload reads a small file: on the event loop when the page cache has all of it,
-on a worker thread when the disk would be touched (no mount, no store)."""
+on a worker thread when the disk would be touched; and what a part read short means (no
+mount, no store)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from ckptgw.drain.upload import _read_hashed, _read_hashed_cached
+from ckptgw.drain.store import SHORT_FILE, StoreError
+from ckptgw.drain.upload import Changed, _read_hashed, _read_hashed_cached, _reason
 from ckptgw.fsops.cache import fs_type
 
 
@@ -50,3 +52,12 @@ def test_a_file_shorter_than_its_size_is_left_to_the_thread(tmp_path: Path) -> N
         assert _read_hashed_cached(fd, 2000) is None
     finally:
         os.close(fd)
+
+
+def test_a_part_read_short_means_the_file_changed_whatever_else_failed() -> None:
+    """A cache file shorter than a part was truncated meanwhile: the upload ends as Changed
+    (the file goes again), not as the store error of a sibling part."""
+    short = StoreError("the file ends at 3", temporary=False, code=SHORT_FILE)
+    other = StoreError("PART 2: 503", temporary=True, code="SlowDown")
+    assert isinstance(_reason(ExceptionGroup("parts", [other, short])), Changed)
+    assert _reason(ExceptionGroup("parts", [other])) is other
