@@ -23,12 +23,14 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
+STATVFS_FOR = 0.001  # seconds a statvfs of the cache disk is reused
 _SYNC_FILE_RANGE_WRITE = 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _sync_file_range = _libc.sync_file_range
@@ -197,6 +199,8 @@ class CacheFiles:
         self.entries_need_sync = self.fs_type not in ENTRY_DURABLE_WITH_FILE | NOT_PERSISTENT
         self.syncs = SyncStats()
         self._shards: set[str] = set()  # shard directories known to exist
+        self._vfs: os.statvfs_result | None = None
+        self._vfs_at = 0.0
 
     def close(self) -> None:
         """The reserve file goes with the mount: only a mount's kernel writers need it, and the
@@ -272,6 +276,7 @@ class CacheFiles:
         return os.stat(self._rel(inode), dir_fd=self._dirfd).st_size
 
     def remove(self, inode: int) -> None:
+        self.disk_changed()
         try:
             size = os.stat(self._rel(inode), dir_fd=self._dirfd).st_size
             os.unlink(self._rel(inode), dir_fd=self._dirfd)
@@ -317,6 +322,7 @@ class CacheFiles:
 
     def hold_reserve(self) -> bool:
         """Allocate the reserve as a file; False if the disk has no room for it now."""
+        self.disk_changed()
         fd = os.open(self._reserve_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             os.posix_fallocate(fd, 0, max(1, self.reserve_bytes))  # blocks, not a sparse size
@@ -329,13 +335,26 @@ class CacheFiles:
         return True
 
     def release_reserve(self) -> None:
+        self.disk_changed()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._reserve_path)
         self.held = 0
 
+    def _statvfs(self) -> os.statvfs_result:
+        """The cache disk's statvfs, taken again once :data:`STATVFS_FOR` has passed or the
+        daemon itself changed what the disk holds (:meth:`disk_changed`): a create asks for
+        it five times, and the kernel's writes between them are far below the reserve."""
+        now = time.monotonic()
+        if self._vfs is None or now - self._vfs_at > STATVFS_FOR:
+            self._vfs, self._vfs_at = os.fstatvfs(self._dirfd), now
+        return self._vfs
+
+    def disk_changed(self) -> None:
+        self._vfs = None
+
     def free_bytes(self) -> int:
         """Free bytes on the cache disk, as statvfs says."""
-        st = os.fstatvfs(self._dirfd)
+        st = self._statvfs()
         return st.f_bavail * st.f_frsize
 
     def disk_room(self) -> int:
@@ -343,7 +362,7 @@ class CacheFiles:
         return self.free_bytes() - (self.reserve_bytes - self.held)
 
     def space(self) -> SpaceInfo:
-        st = os.fstatvfs(self._dirfd)
+        st = self._statvfs()
         reserve_blocks = -(-(self.reserve_bytes - self.held) // st.f_frsize)
         return SpaceInfo(
             block_size=st.f_frsize,

@@ -27,6 +27,7 @@ from pathlib import Path
 import trio
 
 SCHEMA_VERSION = 4
+_PATHS_KEPT = 4096  # paths remembered (directories a save creates files in, mostly)
 ROOT_INODE = 1
 
 
@@ -213,7 +214,12 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._paths: dict[int, tuple[bytes, ...]] = {}  # path_components, until a name changes
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        # One connection, one process: holding the lock from the first statement to close
+        # spares each statement its lock and unlock calls (fcntl) and keeps the WAL index in
+        # memory, not in a shared -shm file. A second process opening it gets "locked".
+        self.db.execute("PRAGMA locking_mode=EXCLUSIVE")
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=OFF")
@@ -298,6 +304,7 @@ class Journal:
             yield
         except BaseException:
             self.db.execute("ROLLBACK")
+            self._paths.clear()  # one may have been read inside what was rolled back
             raise
         self.db.execute("COMMIT")
 
@@ -473,6 +480,7 @@ class Journal:
     def set_name(self, inode: int, parent: int | None, name: bytes | None) -> None:
         """Move an inode to (parent, name); (None, None) makes it an orphan."""
         self.db.execute("UPDATE inodes SET parent=?, name=? WHERE id=?", (parent, name, inode))
+        self._paths.clear()  # every path below it changed
 
     def touch_dir(self, inode: int, now_ns: int) -> None:
         self.db.execute(
@@ -484,6 +492,7 @@ class Journal:
         self.db.execute("DELETE FROM parts WHERE inode = ?", (inode,))
         self.db.execute("DELETE FROM uploads WHERE inode = ?", (inode,))
         self.db.execute("DELETE FROM inodes WHERE id = ?", (inode,))
+        self._paths.pop(inode, None)
 
     def has_children(self, inode: int) -> bool:
         return (
@@ -506,7 +515,11 @@ class Journal:
         return [_row(r) for r in rows]
 
     def path_components(self, inode: int) -> list[bytes]:
-        """The names from the root down to ``inode`` (empty for the root)."""
+        """The names from the root down to ``inode`` (empty for the root). Remembered until a
+        name changes: a sharded save asks for its directory's path at every create."""
+        known = self._paths.get(inode)
+        if known is not None:
+            return list(known)
         rows = self.db.execute(
             """
             WITH RECURSIVE up(id, parent, name, depth) AS (
@@ -519,7 +532,11 @@ class Journal:
             """,
             (inode,),
         ).fetchall()
-        return [bytes(r[0]) for r in rows]
+        names = [bytes(r[0]) for r in rows]
+        if len(self._paths) >= _PATHS_KEPT:
+            self._paths.clear()
+        self._paths[inode] = tuple(names)
+        return names
 
     def is_ancestor(self, ancestor: int, inode: int) -> bool:
         """True if ``ancestor`` is ``inode`` or one of its parent directories."""

@@ -77,6 +77,7 @@ class CacheSpace:
     def landed(self, nbytes: int) -> None:
         """Bytes charged by :meth:`grow` are now written (or will never be)."""
         self._landing = max(0, self._landing - nbytes)
+        self.cache.disk_changed()  # statvfs shows them now
 
     async def grow(self, ino: Inode, end: int, *, patient: bool = False) -> int:
         """Charge the cache file of ``ino`` growing to ``end`` bytes; ENOSPC if it cannot.

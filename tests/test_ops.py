@@ -169,6 +169,70 @@ def test_rename_directory_rules(fs: Filesystem) -> None:
     assert ns.lookup(ROOT_INODE, b"f").id == f
 
 
+def test_a_remembered_path_follows_every_rename_and_rollback(fs: Filesystem) -> None:
+    """path_components is remembered (a save asks for its directory's path at every create):
+    a rename anywhere above, or a transaction rolled back after a path was read inside it,
+    must not leave a stale path behind."""
+    ns, j = fs.namespace, fs.journal
+    a = ns.mkdir(ROOT_INODE, b"a", 0o755, ME)
+    b = ns.mkdir(a.id, b"b", 0o755, ME)
+    assert j.path_components(b.id) == [b"a", b"b"]
+    assert j.path_components(b.id) == [b"a", b"b"]  # the remembered answer
+    ns.rename(ROOT_INODE, b"a", ROOT_INODE, b"a2", 0)  # an ancestor moves
+    assert j.path_components(b.id) == [b"a2", b"b"]
+    with pytest.raises(RuntimeError), j.transaction():
+        j.set_name(a.id, ROOT_INODE, b"a3")
+        assert j.path_components(b.id) == [b"a3", b"b"]  # read inside, then rolled back
+        raise RuntimeError
+    assert j.path_components(b.id) == [b"a2", b"b"]
+    f = write_file(fs, b.id, b"f", b"x")
+    assert j.path_components(f) == [b"a2", b"b", b"f"]
+    ns.rename(a.id, b"b", ROOT_INODE, b"top", 0)  # the directory itself moves
+    assert j.path_components(f) == [b"top", b"f"]
+
+
+def test_the_journal_is_its_daemons_alone(fs: Filesystem, tmp_path: Path) -> None:
+    """The journal holds its lock from open to close (no lock calls per statement, no
+    shared-memory index): another process cannot read or write it meanwhile."""
+    other = sqlite3.connect(tmp_path / "journal.db", timeout=0)
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            other.execute("SELECT count(*) FROM inodes").fetchone()
+    finally:
+        other.close()
+    assert not (tmp_path / "journal.db-shm").exists()
+
+
+def test_the_cache_disks_statvfs_is_reused_briefly_and_taken_again_after_a_change(
+    fs: Filesystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    real = os.fstatvfs
+
+    def counted(fd: int) -> os.statvfs_result:
+        calls.append(fd)
+        return real(fd)
+
+    monkeypatch.setattr(os, "fstatvfs", counted)
+    fs.cache.disk_changed()
+    first = fs.cache.free_bytes()
+    for _ in range(5):  # what one create asks
+        fs.cache.disk_room()
+        fs.cache.space()
+    assert len(calls) <= 2, calls  # (1 ms may pass between them on a loaded machine)
+    write_file(fs, ROOT_INODE, b"big", os.urandom(4 << 20))
+    before = len(calls)
+    fs.cache.free_bytes()
+    assert len(calls) == before + 1  # the daemon wrote: asked again at once
+    fs.cache.create(999_999)
+    fs.cache.free_bytes()
+    before = len(calls)
+    fs.cache.remove(999_999)
+    assert fs.cache.free_bytes() > 0
+    assert len(calls) == before + 1  # it removed a cache file: asked again at once
+    assert first > 0
+
+
 def test_names_that_cannot_become_object_keys(tmp_path: Path) -> None:
     f = Filesystem(tmp_path, FsOptions(store_url=STORE, key_prefix="p" * 900, reserve_bytes=0))
     try:
