@@ -232,6 +232,7 @@ class CacheFiles:
         """Create a cache file of ``size`` bytes, all a hole (one being fetched), and return
         a descriptor of it. Blocking: under write load, creating an inode waits for the disk
         (1-2 ms measured), so a caller on the event loop runs this in a thread."""
+        self.disk_changed()  # (O_TRUNC frees the blocks of a stale file of that number)
         shard = self._shard(inode)
         if shard not in self._shards:
             with contextlib.suppress(FileExistsError):
@@ -276,7 +277,6 @@ class CacheFiles:
         return os.stat(self._rel(inode), dir_fd=self._dirfd).st_size
 
     def remove(self, inode: int) -> None:
-        self.disk_changed()
         try:
             size = os.stat(self._rel(inode), dir_fd=self._dirfd).st_size
             os.unlink(self._rel(inode), dir_fd=self._dirfd)
@@ -285,6 +285,7 @@ class CacheFiles:
         self.uncharge(size)
 
     def uncharge(self, nbytes: int) -> None:
+        self.disk_changed()  # a remove or a truncate freed blocks
         if nbytes > 0:
             self.used = max(0, self.used - nbytes)
             self.room.changed()

@@ -74,8 +74,13 @@ class Filesystem:
             raise
         self.table = InodeTable(self.journal, self.cache)
         self.states = FileStates(self.table, self.events, self.cache.room)
-        self.recovery: RecoveryReport = recover(self.journal, self.cache, self.states)
-        self.journal.begin_epoch()
+        try:
+            self.recovery: RecoveryReport = recover(self.journal, self.cache, self.states)
+            self.journal.begin_epoch()
+        except BaseException:  # the journal's lock goes too: the next open may try again
+            self.cache.close()
+            self.journal.db.close()
+            raise
         self.space = CacheSpace(self.table, self.states, opts.cache_limit, opts.write_wait)
         self.keys = StoreKeys(self.table, self.states, self.events, opts.key_prefix)
         self.namespace = Namespace(

@@ -216,6 +216,21 @@ class Journal:
         self.path = path
         self._paths: dict[int, tuple[bytes, ...]] = {}  # path_components, until a name changes
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            self._prepare(path)
+        except BaseException:
+            self.db.close()  # its lock goes with it: the next open may try again
+            raise
+        # The WAL exists from the first commit on and is never deleted while we hold the
+        # connection open (it is only truncated), so one descriptor serves every barrier.
+        self._wal_fd = os.open(f"{path}-wal", os.O_RDONLY | os.O_CREAT, 0o600)
+        self._durable = -1  # total_changes that the last WAL fsync covered
+        self._syncing: trio.Event | None = None  # the WAL fsync running now
+        self._broken: OSError | None = None  # a WAL fsync failed
+        self.barriers = 0  # WAL fsyncs done
+
+    def _prepare(self, path: Path) -> None:
+        """Settings, a fresh schema or the migrations to this version, and the inode count."""
         # One connection, one process: holding the lock from the first statement to close
         # spares each statement its lock and unlock calls (fcntl) and keeps the WAL index in
         # memory, not in a shared -shm file. A second process opening it gets "locked".
@@ -255,13 +270,6 @@ class Journal:
         self.db.execute(_SUBDIRS_INDEX)
         self.epoch = int(self.get_meta("epoch") or 0)
         self._next_id = self._max_id() + 1
-        # The WAL exists from the first commit on and is never deleted while we hold the
-        # connection open (it is only truncated), so one descriptor serves every barrier.
-        self._wal_fd = os.open(f"{path}-wal", os.O_RDONLY | os.O_CREAT, 0o600)
-        self._durable = -1  # total_changes that the last WAL fsync covered
-        self._syncing: trio.Event | None = None  # the WAL fsync running now
-        self._broken: OSError | None = None  # a WAL fsync failed
-        self.barriers = 0  # WAL fsyncs done
 
     def _migrate_from_1(self) -> None:
         """Version 1 had no device numbers, and only regular files had a drain state: its
@@ -302,11 +310,14 @@ class Journal:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
-            self._paths.clear()  # one may have been read inside what was rolled back
+            # A path read inside may be one that is not committed (SQLite may also have
+            # rolled back by itself, or the COMMIT failed): forget them all.
+            self._paths.clear()
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
             raise
-        self.db.execute("COMMIT")
 
     @contextlib.contextmanager
     def lazily(self) -> Iterator[None]:

@@ -191,6 +191,26 @@ def test_a_remembered_path_follows_every_rename_and_rollback(fs: Filesystem) -> 
     assert j.path_components(f) == [b"top", b"f"]
 
 
+def test_a_path_read_in_a_transaction_sqlite_undid_itself_is_forgotten(fs: Filesystem) -> None:
+    """SQLITE_FULL rolls the transaction back inside SQLite: the journal must neither fail on
+    its own ROLLBACK (hiding the error) nor keep the path it read in there."""
+    ns, j = fs.namespace, fs.journal
+    a = ns.mkdir(ROOT_INODE, b"a", 0o755, ME)
+    b = ns.mkdir(a.id, b"b", 0o755, ME)
+    assert j.path_components(b.id) == [b"a", b"b"]
+    pages = j.db.execute("PRAGMA page_count").fetchone()[0]
+    j.db.execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(sqlite3.OperationalError, match="full"), j.transaction():
+        j.set_name(a.id, ROOT_INODE, b"renamed")
+        assert j.path_components(b.id) == [b"renamed", b"b"]
+        for i in range(10_000):  # until the database cannot grow
+            j.set_meta(f"filler{i}", "x" * 1000)
+    j.db.execute("PRAGMA max_page_count = 1073741823")
+    assert not j.db.in_transaction
+    assert j.path_components(b.id) == [b"a", b"b"]
+    assert ns.lookup(ROOT_INODE, b"a").id == a.id
+
+
 def test_the_journal_is_its_daemons_alone(fs: Filesystem, tmp_path: Path) -> None:
     """The journal holds its lock from open to close (no lock calls per statement, no
     shared-memory index): another process cannot read or write it meanwhile."""
