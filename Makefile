@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # the S3 server) rather than compute; every test has its own temp dirs, ports and mounts.
 PYTEST_WORKERS ?= 3
 
-.PHONY: demo test test-fast lint bench sysdeps testdeps apt venv clean
+.PHONY: demo test test-fast lint bench floor-tools sysdeps testdeps apt venv clean
 
 sysdeps:
 	@$(MAKE) --no-print-directory apt PKGS="$(SYSPKGS)"
@@ -76,6 +76,12 @@ demo: venv
 # BENCH_ARGS="--sizes 1024 --runs 5 --only save" narrows it (python -m bench.suite --help).
 bench: venv
 	$(BIN)/python -m bench.suite $(BENCH_ARGS)
+
+# libfuse's own C example passthrough_hp, for the benchmark's floor section only (what a FUSE
+# daemon in C costs a sharded save here): libfuse and pyfuse3 again, with the examples (~1 min).
+floor-tools: venv
+	@$(MAKE) --no-print-directory apt PKGS="g++"
+	FUSE_EXAMPLES=1 deploy/passthrough/fuse-passthrough.sh $(VENV)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -29,7 +29,8 @@ The store is moto's S3 server on loopback; the disk is the one under ``--workdir
 ``bench/results/suite.json``, ``suite_size.png`` and ``suite_writers.png`` and prints the table.
 
     python -m bench.suite [--sizes 256,1024,4096] [--writers 1,2,4,8] [--runs 3]
-                          [--restore-sizes 1024,4096] [--only save,restore,files,writers,nfs]
+                          [--restore-sizes 1024,4096]
+                          [--only save,restore,files,floor,writers,drain,nfs]
                           [--nfs-mib 1024] [--nfs-writers 1,8] [--paths passthrough,daemon]
 """
 
@@ -57,7 +58,7 @@ from typing import Any
 import boto3
 import torch
 
-from bench import baseline, nfs
+from bench import baseline, floor, nfs
 from bench.procs import children, cpu_seconds, tree_cpu_seconds, tree_peak_rss
 from bench.results import save
 from bench.workloads import dcp_load, dcp_save, save_atomic, state_dict, write_small
@@ -644,6 +645,52 @@ class Bench:
         self.samples[f"dcp {tensors} {self.path}"] = {"files": n, "bytes": total, "samples": s}
         self.add_files_rows("DCP", f"{n} files", s)
 
+    def floor(self, total: int, tensors: int, hp: Path | None) -> None:
+        """The DCP save of :meth:`many_files` on the disk, through FUSE daemons that only pass
+        a directory through (:mod:`bench.floor`), and through ckptgw: what any FUSE daemon
+        costs a sharded save on this machine, beside what ckptgw costs. The sides go first
+        in turn; each removes what it saved before the next begins."""
+        say(f"\n## the FUSE floor: DCP save, {tensors} tensors ({mib(total)}), one file per tensor")
+        sd = {f"t{i}": torch.randn(total // 4 // tensors) for i in range(tensors)}
+        cmds = floor.daemons(hp)
+        names = ["disk", *cmds, "ckptgw"]
+        s: dict[str, list[float]] = {k: [] for k in names}
+        n = 0
+
+        def save(d: Path) -> float:
+            nonlocal n
+            t = timed(functools.partial(dcp_save, sd, d))
+            n = sum(1 for p in d.iterdir() if p.is_file())
+            shutil.rmtree(d)
+            return t
+
+        with self.node() as gw:
+            for i in range(self.runs + 1):  # the first round warms all up and is not counted
+                got: dict[str, float] = {}
+                for side in names[i % len(names) :] + names[: i % len(names)]:
+                    if side == "disk":
+                        got[side] = save(self.disk / f"floor_{i}")
+                    elif side == "ckptgw":
+                        got[side] = save(gw.mountpoint / f"floor_{i}")
+                        self.wait_store_ops(gw)
+                    else:
+                        where = self.work / f"floor_{i}_{len(got)}"
+                        with floor.mounted(cmds[side], where / "src", where / "mnt") as m:
+                            got[side] = save(m / "d")
+                        shutil.rmtree(where)
+                say(
+                    f"  run {i}{' (warm-up)' if not i else ''}: {n} files, "
+                    + ", ".join(f"{k} {v:.2f} s" for k, v in got.items())
+                )
+                if i:
+                    for k, v in got.items():
+                        s[k].append(v)
+        self.samples[f"floor {tensors} {self.path}"] = {"files": n, "bytes": total, "samples": s}
+        disk = statistics.median(s["disk"])
+        for side in names[1:]:
+            x = f"{n} files, {side}"
+            self.add(Row("DCP save (FUSE floor)", x, "disk", disk, statistics.median(s[side]), "s"))
+
     def small_files(self, count: int, size: int) -> None:
         say(f"\n## {count} files of {size >> 10} KiB, each written and fsynced")
         s, n = self.save_rounds(
@@ -893,7 +940,13 @@ def main() -> None:
         help="drain.part_workers for the save and drain sections, one round each (e.g. 0,4); "
         "default: the gateway's own",
     )
-    ap.add_argument("--only", default="save,restore,files,writers,drain,nfs")
+    ap.add_argument("--only", default="save,restore,files,floor,writers,drain,nfs")
+    ap.add_argument(
+        "--floor-hp",
+        default="",
+        help="libfuse's passthrough_hp for the floor section (default: the one make floor-tools "
+        "built into the venv, if any)",
+    )
     ap.add_argument(
         "--paths",
         default=f"{PASSTHROUGH},{DAEMON}",
@@ -975,6 +1028,22 @@ def main() -> None:
                         ),
                     )
                 )
+        if "floor" in only:
+            hp = Path(args.floor_hp) if args.floor_hp else floor.passthrough_hp()
+            if hp is None:
+                say("no libfuse passthrough_hp here (make floor-tools builds it)")
+            sections.append(
+                (
+                    path,
+                    first,
+                    functools.partial(
+                        Bench.floor,
+                        total=args.dcp_mib << 20,
+                        tensors=min(int(x) for x in args.dcp_files.split(",")),
+                        hp=hp,
+                    ),
+                )
+            )
         if "writers" in only:
             for n in (int(x) for x in args.writers.split(",")):
                 sections.append(

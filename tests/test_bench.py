@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import floor
 from ckptgw.fsops import passthrough
 from ckptgw.fsops.passthrough import DAEMON, PASSTHROUGH
 from tests.nfsclient import nfs_unavailable
@@ -129,6 +130,9 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
         ("save stall (writers)", "2"),
         ("time to durable (writers)", "2"),
     }
+    # The FUSE floor: the same DCP save through daemons that only pass through.
+    for side in (floor.PYFUSE3, "ckptgw") + ((floor.LIBFUSE,) if floor.passthrough_hp() else ()):
+        each.add(("DCP save (FUSE floor)", f"9 files, {side}"))
     if os.geteuid() == 0:  # it drops the page cache
         each.add(("cold read (cached)", "16 MiB" + worker))
     if nfs_unavailable() is None:

@@ -8,12 +8,15 @@
 # already name, built with meson + ninja into VENV/fuse. pyfuse3 3.5.0 is built from its sdist
 # with deploy/passthrough/pyfuse3-passthrough.patch (backing ids, FileInfo.backing_id, the INIT
 # flag; small enough to offer upstream), linked to VENV/fuse/lib by rpath. Takes ~30 s.
+# FUSE_EXAMPLES=1 (make floor-tools) also builds libfuse's passthrough_hp into VENV/fuse/bin,
+# which the benchmark's floor section runs beside ckptgw.
 set -euo pipefail
 
 VENV=$(cd "$1" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 PREFIX=$VENV/fuse
 PYFUSE3=3.5.0
+EXAMPLES=$([ "${FUSE_EXAMPLES:-0}" = 1 ] && echo true || echo false)
 SUITE=${FUSE_SOURCE_SUITE:-trixie}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ckptgw-fuse.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -57,9 +60,12 @@ case "$version" in
     *) echo "fuse-passthrough: Debian $SUITE has libfuse $version; passthrough needs >= 3.17" >&2; exit 1 ;;
 esac
 meson setup "$WORK/build" "$WORK/src/fuse3" --prefix="$PREFIX" --libdir=lib --buildtype=release \
-    -Dutils=false -Dexamples=false -Dtests=false -Duseroot=false -Dinitscriptdir= >"$WORK/meson.log" \
-    || { cat "$WORK/meson.log" >&2; exit 1; }
+    -Dutils=false -Dexamples="$EXAMPLES" -Dtests=false -Duseroot=false -Dinitscriptdir= \
+    >"$WORK/meson.log" || { cat "$WORK/meson.log" >&2; exit 1; }
 ninja -C "$WORK/build" install >"$WORK/ninja.log" || { cat "$WORK/ninja.log" >&2; exit 1; }
+if [ "$EXAMPLES" = true ]; then
+    install -D -m 0755 "$WORK/build/example/passthrough_hp" "$PREFIX/bin/passthrough_hp"
+fi
 
 echo "building pyfuse3 $PYFUSE3 with passthrough against libfuse $version"
 "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary pyfuse3 \
