@@ -383,11 +383,31 @@ class Journal:
                 raise _FirstFailed(e.errno, e.strerror) from e
         os.fsync(self._wal_fd)
 
-    def barrier_sync(self) -> None:
-        covers = -1 if self.db.in_transaction else self.db.total_changes
-        os.fsync(self._wal_fd)
+    def barrier_sync(self, first: Callable[[], object] | None = None) -> None:
+        """What :meth:`barrier` promises, on the calling thread: ``first`` (its error is its
+        own), then the WAL's fsync unless nothing was committed since the last one. For a
+        caller that must not wait for a worker thread (startup, shutdown, a small file's
+        fsync with nothing else to do: see :meth:`fsops.files.OpenFiles.barrier`); not while
+        a barrier runs on a worker thread (:meth:`idle`)."""
+        if self._broken is not None:
+            raise self._broken
+        if first is not None:
+            first()
+        want = self.db.total_changes
+        if self._durable >= want:
+            return
+        covers = -1 if self.db.in_transaction else want
+        try:
+            os.fsync(self._wal_fd)
+        except OSError as e:
+            self._broken = e
+            raise
         self.barriers += 1
         self._durable = max(self._durable, covers)
+
+    def idle(self) -> bool:
+        """Whether no barrier is running on a worker thread now."""
+        return self._syncing is None
 
     def close(self) -> None:
         self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -40,6 +40,7 @@ def _translate(fn: _F) -> _F:
     @functools.wraps(fn)
     async def wrapper(self: Operations, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
+        self.stats.in_flight += 1
         try:
             return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
@@ -55,6 +56,7 @@ def _translate(fn: _F) -> _F:
             log.exception("unexpected error in %s", fn.__name__)
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
+            self.stats.in_flight -= 1
             self.stats.add(op, time.perf_counter() - started)
 
     return wrapper  # type: ignore[return-value]
@@ -271,7 +273,7 @@ class Operations(pyfuse3.Operations):
         self.files.release(fh)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
-        await self.files.fsync(fh, datasync)
+        await self.files.fsync(fh, datasync, alone=self.stats.in_flight == 1)
 
     # -- directories -----------------------------------------------------------------------------
 
@@ -296,7 +298,7 @@ class Operations(pyfuse3.Operations):
         pass
 
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        await self.table.journal.barrier()
+        await self.files.barrier(None, 0, alone=self.stats.in_flight == 1)
 
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         space = self.table.cache.space()

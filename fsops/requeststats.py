@@ -10,6 +10,7 @@ class RequestStats:
     def __init__(self) -> None:
         self.count: Counter[str] = Counter()
         self.seconds: defaultdict[str, float] = defaultdict(float)
+        self.in_flight = 0  # requests being answered now
 
     def add(self, op: str, seconds: float) -> None:
         self.count[op] += 1

@@ -7,6 +7,8 @@ import errno
 import os
 import sqlite3
 import stat
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,7 @@ import pyfuse3
 import pytest
 import trio
 
+from ckptgw.fsops import files as files_mod
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal import ROOT_INODE, JournalError, State
 from ckptgw.fsops.namespace import AttrChange
@@ -209,6 +212,53 @@ def test_a_path_read_in_a_transaction_sqlite_undid_itself_is_forgotten(fs: Files
     assert not j.db.in_transaction
     assert j.path_components(b.id) == [b"a", b"b"]
     assert ns.lookup(ROOT_INODE, b"a").id == a.id
+
+
+def test_a_small_files_fsync_with_nothing_else_in_flight_skips_the_thread_trip(
+    fs: Filesystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the event loop's thread when alone and small (a trip to a worker thread costs as
+    much as the fsyncs); on a worker thread otherwise, and for a while after an inline one
+    was slow. Either way the cache file and then the journal are fsynced."""
+    files, journal = fs.files, fs.journal
+    monkeypatch.setattr(files_mod, "INLINE_SYNC_PAUSE", 0.2)
+    synced: list[tuple[int, bool]] = []  # (inode, on the event loop's thread)
+    real_sync = fs.cache.sync_file
+
+    def sync_file(fd: int, inode: int, datasync: bool, entry: bool) -> None:
+        synced.append((inode, threading.current_thread() is threading.main_thread()))
+        real_sync(fd, inode, datasync, entry)
+
+    monkeypatch.setattr(fs.cache, "sync_file", sync_file)
+
+    async def fsync_new(name: bytes, size: int, alone: bool) -> tuple[int, int]:
+        """(inline syncs, journal barriers) that an fsync of a new file of ``size`` added."""
+        ino = fs.namespace.create_file(ROOT_INODE, name, 0o644, ME)
+        fh, _ = await files.open(ino, os.O_WRONLY)
+        await files.write(fh, 0, b"x" * size)
+        inline, barriers = files.inline_syncs, journal.barriers
+        await files.fsync(fh, False, alone=alone)
+        files.release(fh)
+        assert synced[-1] == (ino.id, files.inline_syncs > inline) and not journal.unsynced()
+        return files.inline_syncs - inline, journal.barriers - barriers
+
+    async def main() -> None:
+        assert await fsync_new(b"small", 4096, alone=True) == (1, 1)
+        assert await fsync_new(b"busy", 4096, alone=False) == (0, 1)  # others in flight
+        assert await fsync_new(b"big", files_mod.INLINE_SYNC_MAX + 1, alone=True) == (0, 1)
+
+        def slow(fd: int, inode: int, datasync: bool, entry: bool) -> None:
+            time.sleep(files_mod.INLINE_SYNC_SLOW * 2)
+            sync_file(fd, inode, datasync, entry)
+
+        monkeypatch.setattr(fs.cache, "sync_file", slow)
+        assert await fsync_new(b"slow", 4096, alone=True) == (1, 1)  # inline, but slow
+        monkeypatch.setattr(fs.cache, "sync_file", sync_file)
+        assert await fsync_new(b"after", 4096, alone=True) == (0, 1)  # threads for a while
+        await trio.sleep(0.25)
+        assert await fsync_new(b"later", 4096, alone=True) == (1, 1)
+
+    trio.run(main)
 
 
 def test_the_journal_is_its_daemons_alone(fs: Filesystem, tmp_path: Path) -> None:
