@@ -242,6 +242,7 @@ class Reporter:
                 "files": self.fs.cache.syncs.files,
                 "entries": self.fs.cache.syncs.entries,
                 "journal": self.fs.journal.barriers,
+                "inline": self.fs.files.inline_syncs,
             },
             "requests": self.fs.requests.view(),
             "data_path": {

@@ -78,7 +78,11 @@ def test_what_one_small_file_costs(gateway: GatewayFactory, tmp_path: Path, data
     seen = " ".join(f"{k}={v}" for k, v in sorted(req.items()))
     assert sum(req.values()) <= 7 * n + 2 * writes, seen
     # Each fsync: one fsync of its cache file, one journal barrier (the create is journaled),
-    # and the directory entry only where the cache filesystem needs it.
+    # and the directory entry only where the cache filesystem needs it. The first at least
+    # on the event loop's own thread (one writer, small files); the others too unless one
+    # took long on a loaded machine (files.INLINE_SYNC_SLOW).
+    inline = syncs.pop("inline", 0)
+    assert 1 <= inline <= n, inline
     entries = 0 if fs_type(gw.cache_dir) in ENTRY_DURABLE_WITH_FILE else n
     assert syncs == {"files": n, "journal": n, **({"entries": n} if entries else {})}, syncs
 
@@ -89,7 +93,8 @@ def test_what_one_small_file_costs(gateway: GatewayFactory, tmp_path: Path, data
         os.fsync(fd)
         os.close(fd)
     after = counters(gw)
-    assert delta(before, after, "syncs") == {"files": n}, delta(before, after, "syncs")
+    again = delta(before, after, "syncs")
+    assert again.pop("inline", 0) <= n and again == {"files": n}, again
     for i in range(n):
         assert (d / f"__{i}_0.distcp").read_bytes() == data
 
