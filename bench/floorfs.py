@@ -1,12 +1,13 @@
 """The floor: a FUSE daemon that does nothing but pass a directory through.
 
 It is built as ckptgw's own mount is (pyfuse3 and trio, ``default_permissions``, kernel
-passthrough for the data where this pyfuse3 has it, a worker thread for each fsync), with
-none of ckptgw's work: no journal, no cache accounting, no drain. What a sharded save costs
-through it is what pyfuse3 and trio cost on this machine, request by request; the ``floor``
-section of :mod:`bench.suite` puts it beside the disk, libfuse's own C example
-(``passthrough_hp``) and ckptgw. It keeps its inodes in memory, has no hard links or
-xattrs, and is for the benchmark only.
+passthrough for the data where this pyfuse3 has it), with none of ckptgw's work: no
+journal, no cache accounting, no drain; and it fsyncs on the event loop's own thread, the
+least a pyfuse3 daemon can do (ckptgw does so for small files when nothing else waits).
+What a sharded save costs through it is what pyfuse3 and trio cost on this machine, request
+by request; the ``floor`` section of :mod:`bench.suite` puts it beside the disk, libfuse's
+own C example (``passthrough_hp``) and ckptgw. It keeps its inodes in memory, has no hard
+links or xattrs, and is for the benchmark only.
 
     python -m bench.floorfs SOURCE MOUNTPOINT     (runs until unmounted)
 """
@@ -149,7 +150,7 @@ class Floor(pyfuse3.Operations):
         return os.pwrite(fh, buf, off)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
-        await trio.to_thread.run_sync(os.fdatasync if datasync else os.fsync, fh)
+        (os.fdatasync if datasync else os.fsync)(fh)
 
     async def flush(self, fh: int) -> None:
         os.fstat(fh)  # (ckptgw learns here what the kernel wrote)
