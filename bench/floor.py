@@ -28,12 +28,28 @@ def passthrough_hp() -> Path | None:
     return p if os.access(p, os.X_OK) else None
 
 
-def daemons(hp: Path | None) -> dict[str, list[str]]:
-    """Each floor daemon's command, to which SOURCE and MOUNTPOINT are appended."""
-    out = {PYFUSE3: [sys.executable, "-m", "bench.floorfs"]}
+def daemons(hp: Path | None, passthrough: bool) -> dict[str, list[str]]:
+    """Each floor daemon's command, to which SOURCE and MOUNTPOINT are appended; with kernel
+    passthrough or without, as ckptgw's mount in the same round."""
+    out = {
+        PYFUSE3: [
+            sys.executable,
+            "-m",
+            "bench.floorfs",
+            *([] if passthrough else ["--no-passthrough"]),
+        ]
+    }
     if hp is not None:
         out[LIBFUSE] = [str(hp), "--foreground", "-o", "default_permissions"]
+        out[LIBFUSE] += [] if passthrough else ["--nopassthrough"]
     return out
+
+
+def _mounted(path: Path) -> bool:
+    """Whether something is mounted at ``path``, a dead FUSE mount too (os.path.ismount says
+    no to one whose daemon is gone: its stat fails)."""
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == str(path) for line in f)
 
 
 @contextmanager
@@ -53,8 +69,8 @@ def mounted(cmd: list[str], source: Path, mountpoint: Path) -> Iterator[Path]:
             time.sleep(0.05)
         yield mountpoint
     finally:
-        if os.path.ismount(mountpoint):
-            subprocess.run(["fusermount3", "-u", str(mountpoint)], check=False)
+        if _mounted(mountpoint):  # lazily, in case the daemon died
+            subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
         try:
             proc.wait(MOUNT_WAIT)
         except subprocess.TimeoutExpired:

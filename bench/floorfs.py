@@ -9,31 +9,49 @@ by request; the ``floor`` section of :mod:`bench.suite` puts it beside the disk,
 own C example (``passthrough_hp``) and ckptgw. It keeps its inodes in memory, has no hard
 links or xattrs, and is for the benchmark only.
 
-    python -m bench.floorfs SOURCE MOUNTPOINT     (runs until unmounted)
+    python -m bench.floorfs [--no-passthrough] SOURCE MOUNTPOINT     (runs until unmounted)
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
+import functools
+import inspect
 import os
-import sys
-from typing import Any
+from typing import Any, TypeVar
 
 import pyfuse3
 import trio
 
-PASSTHROUGH = hasattr(pyfuse3, "passthrough_open")  # ckptgw's build of pyfuse3 (deploy/)
+_C = TypeVar("_C", bound=type)
 
 
 def _error(e: OSError) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(e.errno or errno.EIO)
 
 
-class Floor(pyfuse3.Operations):
-    enable_passthrough = PASSTHROUGH
+def _errors_answered(cls: _C) -> _C:
+    """Every handler answers an OSError with its errno (pyfuse3 ends the mount on any other
+    exception than FUSEError)."""
+    for name, fn in list(vars(cls).items()):
+        if inspect.iscoroutinefunction(fn):
 
-    def __init__(self, source: str) -> None:
+            async def wrapper(*args: Any, _fn: Any = fn) -> Any:
+                try:
+                    return await _fn(*args)
+                except OSError as e:
+                    raise _error(e) from None
+
+            setattr(cls, name, functools.wraps(fn)(wrapper))
+    return cls
+
+
+@_errors_answered
+class Floor(pyfuse3.Operations):
+    def __init__(self, source: str, passthrough: bool) -> None:
         super().__init__()
+        self.enable_passthrough = passthrough
         self.paths: dict[int, str] = {pyfuse3.ROOT_INODE: source}
         self.inodes: dict[str, int] = {source: pyfuse3.ROOT_INODE}
         self.backing: dict[int, int] = {}  # fh (the file's descriptor) -> backing id
@@ -127,7 +145,7 @@ class Floor(pyfuse3.Operations):
         pass
 
     def _file(self, fd: int) -> pyfuse3.FileInfo:
-        if not PASSTHROUGH:
+        if not self.enable_passthrough:
             return pyfuse3.FileInfo(fh=fd)
         bid = int(pyfuse3.passthrough_open(fd))
         self.backing[fd] = bid
@@ -141,7 +159,7 @@ class Floor(pyfuse3.Operations):
         return self._file(fd), self._attrs(self._inode(path), os.fstat(fd))
 
     async def open(self, ino: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        return self._file(os.open(self.paths[ino], os.O_RDWR))
+        return self._file(os.open(self.paths[ino], flags & ~(os.O_CREAT | os.O_EXCL)))
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         return os.pread(fh, size, off)
@@ -173,12 +191,19 @@ class Floor(pyfuse3.Operations):
 
 
 def main() -> None:
-    source, mountpoint = sys.argv[1:3]
-    pyfuse3.init(Floor(source), mountpoint, {"default_permissions", "fsname=floorfs"})
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("source")
+    ap.add_argument("mountpoint")
+    ap.add_argument("--no-passthrough", action="store_true", help="every byte through here")
+    args = ap.parse_args()
+    fs = Floor(args.source, hasattr(pyfuse3, "passthrough_open") and not args.no_passthrough)
+    pyfuse3.init(fs, args.mountpoint, {"default_permissions", "fsname=floorfs"})
     try:
         trio.run(pyfuse3.main)
-    finally:
-        pyfuse3.close(unmount=False)
+    except BaseException:
+        pyfuse3.close(unmount=True)
+        raise
+    pyfuse3.close(unmount=False)  # unmounted already: that is how main() returns
 
 
 if __name__ == "__main__":

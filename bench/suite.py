@@ -649,10 +649,11 @@ class Bench:
         """The DCP save of :meth:`many_files` on the disk, through FUSE daemons that only pass
         a directory through (:mod:`bench.floor`), and through ckptgw: what any FUSE daemon
         costs a sharded save on this machine, beside what ckptgw costs. The sides go first
-        in turn; each removes what it saved before the next begins."""
+        in turn (each equally often when the runs are a multiple of the sides); each removes
+        what it saved before the next begins."""
         say(f"\n## the FUSE floor: DCP save, {tensors} tensors ({mib(total)}), one file per tensor")
         sd = {f"t{i}": torch.randn(total // 4 // tensors) for i in range(tensors)}
-        cmds = floor.daemons(hp)
+        cmds = floor.daemons(hp, passthrough=self.path == PASSTHROUGH)
         names = ["disk", *cmds, "ckptgw"]
         s: dict[str, list[float]] = {k: [] for k in names}
         n = 0

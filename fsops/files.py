@@ -251,19 +251,21 @@ class OpenFiles:
     ) -> None:
         """The journal barrier, after ``first`` (a cache file's fsync, of a file of ``size``
         bytes). Usually on a worker thread (:meth:`Journal.barrier`: group commit). On the
-        event loop's own thread when the request is ``alone`` (no other one in flight), the
-        file is small and no barrier runs: on 2 cores a trip to a worker thread and back
-        (thread wake-ups) cost 0.35 ms, as much as the fsyncs of a small file themselves.
-        An inline sync that took long (a busy disk) sends the next ones to threads for a
-        while, so that no later request waits behind one."""
+        event loop's own thread when the request is ``alone`` (no other one being answered
+        or waiting in the kernel's queue, which would wait behind it), the file is small
+        and no barrier runs: on 2 cores a trip to a worker thread and back (thread
+        wake-ups) cost 0.35 ms, as much as the fsyncs of a small file themselves. An inline
+        sync that took long (a busy disk) sends the next ones to threads for a while."""
         journal = self.table.journal
         start = time.monotonic()
         inline = alone and size <= INLINE_SYNC_MAX and start >= self._inline_off_until
         if inline and journal.idle():
-            journal.barrier_sync(first)
             self.inline_syncs += 1
-            if time.monotonic() - start > INLINE_SYNC_SLOW:
-                self._inline_off_until = time.monotonic() + INLINE_SYNC_PAUSE
+            try:
+                journal.barrier_sync(first)
+            finally:  # a failure after a long wait (EIO) counts as slow too
+                if time.monotonic() - start > INLINE_SYNC_SLOW:
+                    self._inline_off_until = time.monotonic() + INLINE_SYNC_PAUSE
             return
         await journal.barrier(first=first)
 

@@ -389,8 +389,7 @@ class Journal:
         caller that must not wait for a worker thread (startup, shutdown, a small file's
         fsync with nothing else to do: see :meth:`fsops.files.OpenFiles.barrier`); not while
         a barrier runs on a worker thread (:meth:`idle`)."""
-        if self._broken is not None:
-            raise self._broken
+        self.check()
         if first is not None:
             first()
         want = self.db.total_changes
@@ -404,6 +403,11 @@ class Journal:
             raise
         self.barriers += 1
         self._durable = max(self._durable, covers)
+
+    def check(self) -> None:
+        """Raise the error of a failed WAL fsync, if one failed: the journal is broken."""
+        if self._broken is not None:
+            raise self._broken
 
     def idle(self) -> bool:
         """Whether no barrier is running on a worker thread now."""

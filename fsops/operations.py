@@ -110,6 +110,7 @@ class Operations(pyfuse3.Operations):
 
     def init(self) -> None:
         self.files.path.init()
+        self.stats.watch_queue()
 
     def attrs(self, ino: InodeRow) -> pyfuse3.EntryAttributes:
         if isinstance(ino, Inode):
@@ -273,7 +274,7 @@ class Operations(pyfuse3.Operations):
         self.files.release(fh)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
-        await self.files.fsync(fh, datasync, alone=self.stats.in_flight == 1)
+        await self.files.fsync(fh, datasync, alone=self.stats.alone())
 
     # -- directories -----------------------------------------------------------------------------
 
@@ -298,7 +299,7 @@ class Operations(pyfuse3.Operations):
         pass
 
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        await self.files.barrier(None, 0, alone=self.stats.in_flight == 1)
+        await self.files.barrier(None, 0, alone=self.stats.alone())
 
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         space = self.table.cache.space()

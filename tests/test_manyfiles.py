@@ -56,11 +56,13 @@ def test_what_one_small_file_costs(gateway: GatewayFactory, tmp_path: Path, data
     n = 40
     data = os.urandom(300_000)
     before = counters(gw)
+    started = time.monotonic()
     for i in range(n):
         fd = os.open(d / f"__{i}_0.distcp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.write(fd, data)
         os.fsync(fd)
         os.close(fd)
+    took = time.monotonic() - started
     after = counters(gw)
     req = delta(before, after, "requests")
     syncs = delta(before, after, "syncs")
@@ -70,13 +72,16 @@ def test_what_one_small_file_costs(gateway: GatewayFactory, tmp_path: Path, data
     # daemon's path the write itself and the times its write-back cache kept (setattr).
     for op in ("create", "flush", "fsync", "release"):
         assert req.get(op) == n, (op, req)
-    for op in ("lookup", "getattr", "getxattr"):
+    # (The kernel also looks the directory up again each time its entry expires: once a
+    # second, mount.attr_timeout, which a loaded machine's loop may outlast.)
+    assert req.get("lookup", 0) <= n + int(took), (took, req)
+    for op in ("getattr", "getxattr"):
         assert req.get(op, 0) <= n, (op, req)
     writes = n if data_path == DAEMON else 0
     assert req.get("write", 0) == writes, req
     assert req.get("setattr", 0) <= writes, req
     seen = " ".join(f"{k}={v}" for k, v in sorted(req.items()))
-    assert sum(req.values()) <= 7 * n + 2 * writes, seen
+    assert sum(req.values()) <= 7 * n + 2 * writes + int(took), seen
     # Each fsync: one fsync of its cache file, one journal barrier (the create is journaled),
     # and the directory entry only where the cache filesystem needs it. The first at least
     # on the event loop's own thread (one writer, small files); the others too unless one

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import sqlite3
 import stat
 import threading
@@ -22,6 +23,7 @@ from ckptgw.fsops import files as files_mod
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal import ROOT_INODE, JournalError, State
 from ckptgw.fsops.namespace import AttrChange
+from ckptgw.fsops.requeststats import RequestStats
 from tests.conftest import errno_of
 
 STORE = "file:///srv/store"
@@ -244,6 +246,7 @@ def test_a_small_files_fsync_with_nothing_else_in_flight_skips_the_thread_trip(
 
     async def main() -> None:
         assert await fsync_new(b"small", 4096, alone=True) == (1, 1)
+        files._inline_off_until = 0.0  # (the same)
         assert await fsync_new(b"busy", 4096, alone=False) == (0, 1)  # others in flight
         assert await fsync_new(b"big", files_mod.INLINE_SYNC_MAX + 1, alone=True) == (0, 1)
 
@@ -252,6 +255,7 @@ def test_a_small_files_fsync_with_nothing_else_in_flight_skips_the_thread_trip(
             sync_file(fd, inode, datasync, entry)
 
         monkeypatch.setattr(fs.cache, "sync_file", slow)
+        files._inline_off_until = 0.0  # (in case a real fsync above was slow on a busy disk)
         assert await fsync_new(b"slow", 4096, alone=True) == (1, 1)  # inline, but slow
         monkeypatch.setattr(fs.cache, "sync_file", sync_file)
         assert await fsync_new(b"after", 4096, alone=True) == (0, 1)  # threads for a while
@@ -259,6 +263,40 @@ def test_a_small_files_fsync_with_nothing_else_in_flight_skips_the_thread_trip(
         assert await fsync_new(b"later", 4096, alone=True) == (1, 1)
 
     trio.run(main)
+
+
+def test_a_request_is_alone_with_none_other_answered_or_queued() -> None:
+    """What lets an fsync skip its thread trip: no other request being answered, and none
+    the kernel holds unread (a pipe stands in for the mount's /dev/fuse)."""
+    stats = RequestStats()
+    r, w = os.pipe()
+    try:
+        stats._queue = select.poll()
+        stats._queue.register(r, select.POLLIN)
+        stats.in_flight = 1
+        assert stats.alone()
+        os.write(w, b"x")  # a request waits in the queue
+        assert not stats.alone()
+        os.read(r, 1)
+        assert stats.alone()
+        stats.in_flight = 2  # another is being answered
+        assert not stats.alone()
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@pytest.mark.skipif(not os.access("/dev/fuse", os.R_OK | os.W_OK), reason="no /dev/fuse")
+def test_the_mounts_request_queue_is_found() -> None:
+    stats = RequestStats()
+    fd = os.open("/dev/fuse", os.O_RDWR)
+    try:
+        stats.watch_queue()
+        assert stats._queue is not None
+        stats.in_flight = 1
+        assert stats.alone()  # an unmounted /dev/fuse has no requests
+    finally:
+        os.close(fd)
 
 
 def test_the_journal_is_its_daemons_alone(fs: Filesystem, tmp_path: Path) -> None:
