@@ -78,7 +78,8 @@ bench: venv
 	$(BIN)/python -m bench.suite $(BENCH_ARGS)
 
 # libfuse's own C example passthrough_hp, for the benchmark's floor section only (what a FUSE
-# daemon in C costs a sharded save here): libfuse and pyfuse3 again, with the examples (~1 min).
+# daemon in C costs a sharded save here): libfuse and pyfuse3 again, with the examples (~1.5
+# min). On a venv made with FUSE_PASSTHROUGH=0 this installs the passthrough pyfuse3 too.
 floor-tools: venv
 	@$(MAKE) --no-print-directory apt PKGS="g++"
 	FUSE_EXAMPLES=1 deploy/passthrough/fuse-passthrough.sh $(VENV)
