@@ -48,8 +48,9 @@ def daemons(hp: Path | None, passthrough: bool) -> dict[str, list[str]]:
 def _mounted(path: Path) -> bool:
     """Whether something is mounted at ``path``, a dead FUSE mount too (os.path.ismount says
     no to one whose daemon is gone: its stat fails)."""
+    where = os.path.realpath(path).replace(" ", "\\040")  # as /proc/self/mounts writes it
     with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == str(path) for line in f)
+        return any(line.split()[1] == where for line in f)
 
 
 @contextmanager

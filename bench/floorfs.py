@@ -147,7 +147,11 @@ class Floor(pyfuse3.Operations):
     def _file(self, fd: int) -> pyfuse3.FileInfo:
         if not self.enable_passthrough:
             return pyfuse3.FileInfo(fh=fd)
-        bid = int(pyfuse3.passthrough_open(fd))
+        try:
+            bid = int(pyfuse3.passthrough_open(fd))
+        except OSError:
+            os.close(fd)
+            raise
         self.backing[fd] = bid
         return pyfuse3.FileInfo(fh=fd, keep_cache=False, backing_id=bid)
 
@@ -159,7 +163,7 @@ class Floor(pyfuse3.Operations):
         return self._file(fd), self._attrs(self._inode(path), os.fstat(fd))
 
     async def open(self, ino: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
-        return self._file(os.open(self.paths[ino], flags & ~(os.O_CREAT | os.O_EXCL)))
+        return self._file(os.open(self.paths[ino], flags & ~(os.O_CREAT | os.O_EXCL | os.O_DIRECT)))
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         return os.pread(fh, size, off)

@@ -106,7 +106,11 @@ class Filesystem:
         """Persist what is only in memory and mark the shutdown clean."""
         self.table.persist_all()
         self.cache.sync_all()
-        self.journal.check()  # a journal whose WAL fsync failed is not marked clean
+        try:
+            self.journal.check()  # a journal whose WAL fsync failed is not marked clean
+        except OSError:
+            self.cache.close()  # (the reserve's blocks go back; the WAL stays as it is)
+            raise
         with self.journal.transaction():
             self.journal.set_meta("clean_shutdown", "1")
         self.journal.barrier_sync()
