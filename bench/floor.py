@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ckptgw.gateway.mountpoint import mounted_fstype
+
 PYFUSE3 = "pyfuse3 pass-through"
 LIBFUSE = "libfuse passthrough_hp (C)"
 MOUNT_WAIT = 20.0  # seconds
@@ -31,26 +33,14 @@ def passthrough_hp() -> Path | None:
 def daemons(hp: Path | None, passthrough: bool) -> dict[str, list[str]]:
     """Each floor daemon's command, to which SOURCE and MOUNTPOINT are appended; with kernel
     passthrough or without, as ckptgw's mount in the same round."""
-    out = {
-        PYFUSE3: [
-            sys.executable,
-            "-m",
-            "bench.floorfs",
-            *([] if passthrough else ["--no-passthrough"]),
-        ]
-    }
+    out = {PYFUSE3: [sys.executable, "-m", "bench.floorfs"]}
     if hp is not None:
         out[LIBFUSE] = [str(hp), "--foreground", "-o", "default_permissions"]
-        out[LIBFUSE] += [] if passthrough else ["--nopassthrough"]
+    if not passthrough:
+        out[PYFUSE3].append("--no-passthrough")
+        if LIBFUSE in out:
+            out[LIBFUSE].append("--nopassthrough")
     return out
-
-
-def _mounted(path: Path) -> bool:
-    """Whether something is mounted at ``path``, a dead FUSE mount too (os.path.ismount says
-    no to one whose daemon is gone: its stat fails)."""
-    where = os.path.realpath(path).replace(" ", "\\040")  # as /proc/self/mounts writes it
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == where for line in f)
 
 
 @contextmanager
@@ -70,7 +60,7 @@ def mounted(cmd: list[str], source: Path, mountpoint: Path) -> Iterator[Path]:
             time.sleep(0.05)
         yield mountpoint
     finally:
-        if _mounted(mountpoint):  # lazily, in case the daemon died
+        if mounted_fstype(mountpoint.resolve()) is not None:  # lazily: the daemon may be gone
             subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
         try:
             proc.wait(MOUNT_WAIT)

@@ -358,7 +358,7 @@ class Journal:
                     first = None
                 await running.wait()  # (set already if it ended meanwhile)
                 continue
-            covers = -1 if self.db.in_transaction else self.db.total_changes
+            covers = self._covers()
             self._syncing = done = trio.Event()
             try:
                 await trio.to_thread.run_sync(self._sync_wal, first)
@@ -369,10 +369,7 @@ class Journal:
             finally:
                 self._syncing = None
                 done.set()
-            self.barriers += 1
-            if covers < 0:
-                return  # inside another task's transaction: this caller's commits are covered
-            self._durable = max(self._durable, covers)
+            self._wal_synced(covers)
             return
 
     def _sync_wal(self, first: Callable[[], object] | None) -> None:
@@ -392,15 +389,22 @@ class Journal:
         self.check()
         if first is not None:
             first()
-        want = self.db.total_changes
-        if self._durable >= want:
+        if self._durable >= self.db.total_changes:
             return
-        covers = -1 if self.db.in_transaction else want
+        covers = self._covers()
         try:
             os.fsync(self._wal_fd)
         except OSError as e:
             self._broken = e
             raise
+        self._wal_synced(covers)
+
+    def _covers(self) -> int:
+        """What a WAL fsync starting now covers: every commit so far (``total_changes``), or
+        -1 inside an open transaction (its commit comes later; the caller's are in)."""
+        return -1 if self.db.in_transaction else self.db.total_changes
+
+    def _wal_synced(self, covers: int) -> None:
         self.barriers += 1
         self._durable = max(self._durable, covers)
 
