@@ -199,6 +199,7 @@ LONG_KEYS = {
 }  # fmt: skip
 
 
+@pytest.mark.timeout(1800)  # the suite's own limit below: it took 3.5-9.5 min here
 def test_pjdfstest(gateway: GatewayFactory) -> None:
     """The public POSIX suite, when a built copy is at hand (``PJDFSTEST_DIR``), on a mount
     made with ``--allow-other`` (its tests switch uids)."""
