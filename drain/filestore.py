@@ -28,7 +28,6 @@ import os
 import shutil
 import stat
 import uuid
-import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -53,7 +52,7 @@ from ckptgw.drain.store import (
     short_read,
 )
 from ckptgw.drain.storeurl import StoreURL
-from ckptgw.fsops.contentsum import composite, crc32_b64
+from ckptgw.fsops.contentsum import composite, crc32, crc32_b64
 
 T = TypeVar("T")
 _INTERNAL = ".ckptgw-"
@@ -493,7 +492,7 @@ class FileStore(Store):
                     with open(part, "rb") as src:
                         while chunk := src.read(_COPY_CHUNK):
                             out.write(chunk)
-                            crc = zlib.crc32(chunk, crc)
+                            crc = crc32(chunk, crc)
                     crcs.append(crc)
                 out.flush()
                 os.fsync(out.fileno())

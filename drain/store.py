@@ -16,12 +16,13 @@ from __future__ import annotations
 import abc
 import errno
 import os
-import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import trio
+
+from ckptgw.fsops.contentsum import crc32
 
 if TYPE_CHECKING:
     from ckptgw.drain.partpool import PartPool
@@ -318,9 +319,9 @@ _TEMPORARY_ERRNOS = frozenset({errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.E
 
 
 def read_part(fd: int, offset: int, length: int) -> tuple[bytes, int]:
-    """Bytes [offset, offset + length) of a file and their CRC32: one read for both (zlib
-    releases the GIL). A file that ends sooner: permanent StoreError, code SHORT_FILE; a read
-    that fails: StoreError, code READ_ERROR (temporary for ENOMEM, EMFILE and the like,
+    """Bytes [offset, offset + length) of a file and their CRC32: one read for both (the
+    CRC32 releases the GIL). A file that ends sooner: permanent StoreError, code SHORT_FILE; a
+    read that fails: StoreError, code READ_ERROR (temporary for ENOMEM, EMFILE and the like,
     permanent for EIO and the rest), so that a part read here or in a part worker fails the
     same way."""
     try:
@@ -344,7 +345,7 @@ def read_part(fd: int, offset: int, length: int) -> tuple[bytes, int]:
             temporary=False,
             code=SHORT_FILE,
         )
-    return data, zlib.crc32(data)
+    return data, crc32(data)
 
 
 def short_read(key: str, start: int, end: int, got: int) -> StoreError:

@@ -25,7 +25,24 @@ import zlib
 
 import xxhash
 
+try:
+    # zlib-ng's CRC32: the same polynomial and values as zlib's, about 3.5x faster (carry-less
+    # multiply): 0.10 against 0.34-0.37 CPU s per GiB on the 2-core VM, where the drain
+    # checksums every byte it sends. It releases the GIL as zlib's does.
+    from zlib_ng.zlib_ng import crc32 as _crc32
+
+    CRC32_IMPL = "zlib-ng"
+except ImportError:  # a dependency, but its absence only costs CPU: the daemon says so
+    _crc32 = zlib.crc32
+    CRC32_IMPL = "zlib"
+
 PARTS = "crc32:"
+
+
+def crc32(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """``zlib.crc32(data, value)``, computed by the fastest implementation installed. Every
+    CRC32 of file content (a part, a body, a read-through's check) is computed here."""
+    return _crc32(data, value)
 
 
 def parts_checksum(part_size: int, value: str) -> str:
@@ -106,7 +123,7 @@ class Hasher:
         view, pos = memoryview(data), 0
         while pos < len(view):
             take = min(len(view) - pos, self.part_size - self._filled)
-            self._crc = zlib.crc32(view[pos : pos + take], self._crc)
+            self._crc = crc32(view[pos : pos + take], self._crc)
             self._filled += take
             pos += take
             if self._filled == self.part_size:
