@@ -99,12 +99,35 @@ def table() -> str:
     return "\n".join(lines)
 
 
+class Changes:
+    """How many state changes were made so far, and a wait for the next one: what lets a
+    client wait until entries are durable without asking again and again."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._next: trio.Event | None = None  # made by the first waiter: none, no cost
+
+    def bump(self) -> None:
+        self.count += 1
+        if self._next is not None:
+            self._next.set()
+            self._next = None
+
+    async def wait(self, seen: int) -> None:
+        """Return once ``count`` is past ``seen`` (at once if it already is)."""
+        while self.count == seen:
+            if self._next is None:
+                self._next = trio.Event()
+            await self._next.wait()
+
+
 class FileStates:
     def __init__(self, table: InodeTable, events: DrainEvents, room: Room) -> None:
         self.table = table
         self.journal = table.journal
         self.events = events
         self.room = room
+        self.changes = Changes()
 
     def _current(self, row: InodeRow) -> InodeRow:
         return self.table.current(row)
@@ -116,6 +139,7 @@ class FileStates:
     def _write(self, row: InodeRow) -> None:
         with self.journal.transaction():
             self.journal.set_state(row)
+        self.changes.bump()  # inside an outer transaction that rolls back: a wake-up for nothing
 
     # -- rows that start in a state ------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from ckptgw.gateway.render import files as files
 from ckptgw.gateway.render import size
 
 CONNECT_TIMEOUT = 30.0
+LONG_POLL = 10.0  # seconds a wait without a progress bar lets each ``pending`` request wait
 
 
 class NotRunning(UserError):
@@ -53,7 +54,8 @@ class Mount:
         if not path:
             raise NotRunning(f"the gateway for {self.mountpoint} has no control socket")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(CONNECT_TIMEOUT)
+            wait = args.get("wait", 0)  # a pending request may wait that long first
+            s.settimeout(CONNECT_TIMEOUT + (wait if isinstance(wait, (int, float)) else 0))
             try:
                 with socket_address(path) as address:
                     s.connect(address)
@@ -156,7 +158,11 @@ def wait_until_durable(
     poll: float = 0.2,
 ) -> dict[str, Any]:
     """Block until nothing at or below ``paths`` (all of the mount if empty) is only local.
-    Returns the last ``pending`` answer; raises NotDurable at the timeout."""
+    Returns the last ``pending`` answer; raises NotDurable at the timeout.
+
+    Each ``pending`` request waits in the daemon until nothing is pending or ``poll`` seconds
+    passed (``LONG_POLL`` without a progress bar to draw): the answer comes the moment the
+    last entry is durable, and waiting costs the daemon nothing while nothing changes."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pending = mount.request("flush" if flush else "pending", paths=paths)
     while True:
@@ -169,8 +175,13 @@ def wait_until_durable(
                 f"not durable after {timeout:g} s: {describe(pending)}",
                 pending,
             )
-        time.sleep(poll if deadline is None else max(0.0, min(poll, deadline - time.monotonic())))
-        pending = mount.request("pending", paths=paths)
+        wait = poll if progress is not None else LONG_POLL
+        if deadline is not None:
+            wait = max(0.0, min(wait, deadline - time.monotonic()))
+        t0 = time.monotonic()
+        pending = mount.request("pending", paths=paths, wait=wait)
+        if "waited" not in pending:  # a daemon of an older version answers at once
+            time.sleep(max(0.0, min(wait, poll) - (time.monotonic() - t0)))
 
 
 def wait_durable(path: str | os.PathLike[str], timeout: float | None = None) -> None:

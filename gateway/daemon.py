@@ -359,6 +359,14 @@ def _checkpoint(lifecycle: Lifecycle, request: dict[str, Any]) -> str:
     return path
 
 
+def _wait(request: dict[str, Any]) -> float:
+    """A request's ``wait``: seconds, 0 if not given."""
+    wait = request.get("wait", 0)
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:
+        raise RequestError(f"wait must be a number of seconds, not {wait!r}")
+    return float(wait)
+
+
 def _run(request: dict[str, Any]) -> str | None:
     run = request.get("run")
     return None if run is None else str(run)
@@ -418,7 +426,7 @@ def control_handlers(reporter: Reporter, lifecycle: Lifecycle) -> dict[str, Any]
 
     return {
         "status": guarded(lambda r: reporter.status()),
-        "pending": guarded(lambda r: reporter.pending(_paths(r))),
+        "pending": guarded(lambda r: reporter.pending_within(_paths(r), _wait(r))),
         "flush": guarded(lambda r: reporter.flush(_paths(r))),
         "lifecycle_plan": guarded(plan),
         "lifecycle_apply": guarded(apply),

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from ckptgw.drain.checkpoints import DRAINING, DURABLE, FileView, Recognizer
 from ckptgw.drain.engine import DrainEngine
 from ckptgw.drain.fetch import FetchStats
@@ -28,6 +30,8 @@ from ckptgw.gateway.checkpointrows import checkpoint_rows
 from ckptgw.gateway.nfsserve import read_state
 
 STATUS_VERSION = 1
+MAX_WAIT = 60.0  # the longest a ``pending`` request may wait (its client's socket waits longer)
+RECHECK = 1.0  # a waiting ``pending`` asks again at least this often
 
 
 class PathError(Exception):
@@ -145,6 +149,26 @@ class Reporter:
             "moves": sum(bool(f["moving"]) for f in files),
             "store_local": self.store_local,  # "durable" then means: in a store on this node
         }
+
+    async def pending_within(self, paths: list[str], wait: float) -> dict[str, Any]:
+        """:meth:`pending`, answered as soon as nothing is pending or after ``wait`` seconds,
+        with ``waited``: the seconds it waited. It asks again after each state change (at
+        least every :data:`RECHECK` seconds: an entry removed is no change of state), never
+        sooner than ten times as long as the last answer took after it, so waiting costs the
+        daemon at most a tenth of its loop, and nothing while nothing changes."""
+        changes = self.fs.states.changes
+        start = trio.current_time()
+        deadline = start + max(0.0, min(wait, MAX_WAIT))
+        while True:
+            seen, t0 = changes.count, time.perf_counter()
+            answer = self.pending(paths)
+            took = time.perf_counter() - t0
+            now = trio.current_time()
+            if not answer["count"] or now >= deadline:
+                return answer | {"waited": round(now - start, 3)}
+            with trio.move_on_at(min(deadline, now + RECHECK)):
+                await changes.wait(seen)
+            await trio.sleep_until(min(deadline, now + 10 * took))
 
     def flush(self, paths: list[str]) -> dict[str, Any]:
         if not paths:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from ckptgw.gateway.client import Mount, mount_of, wait_durable
+from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.progressbar import ProgressBar
 from ckptgw.gateway.render import entries, files, retries_text, status_text
 from tests.conftest import GatewayFactory, needs_fuse
@@ -190,6 +192,41 @@ def s3(s3_endpoint: str, bucket: str) -> Iterator[S3Setup]:
 
 def poll(mount: Mount, path: str) -> dict[str, Any]:
     return mount.request("pending", paths=[path])
+
+
+@needs_fuse
+def test_a_waiting_pending_answers_once_the_entry_is_durable_or_when_its_wait_is_up(
+    gateway: GatewayFactory, s3: S3Setup, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    """``pending`` with ``wait`` is answered by the daemon once nothing asked about is pending
+    (the state change wakes it), or with what is still pending when the wait is up; a bad
+    ``wait`` is refused with what it must be."""
+    cfg = write_toml(tmp_path / "c.toml", {"drain": {"settle": 600.0}})
+    gw = s3_gateway(gateway, s3, cfg)
+    put = s3.proxy.add(Fault("hold", "PUT", r"/held\.pt$"))
+    (gw.mountpoint / "held.pt").write_bytes(b"x" * 1000)
+    mount, _ = mount_of(gw.mountpoint)
+    try:
+        mount.request("flush", paths=["held.pt"])
+        wait_for("the PUT to be held", lambda: put.hits == 1)
+        up = mount.request("pending", paths=["held.pt"], wait=0.3)
+        assert up["count"] == 1 and up["waited"] >= 0.3  # its wait was up first
+
+        answers: list[dict[str, Any]] = []
+        waiting = threading.Thread(
+            target=lambda: answers.append(mount.request("pending", paths=["held.pt"], wait=60))
+        )
+        waiting.start()
+        put.release()
+        waiting.join(90)
+        (done,) = answers
+        assert done["count"] == 0 and done["waited"] < 60  # answered at durable, not at 60 s
+        assert mount.request("pending", paths=["held.pt"], wait=60)["count"] == 0
+        for bad in (-1, "soon", True):
+            with pytest.raises(UserError, match="wait must be a number of seconds"):
+                mount.request("pending", paths=["held.pt"], wait=bad)
+    finally:
+        put.release()
 
 
 @needs_fuse

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.inodes import Inode
 from ckptgw.fsops.journal import ROOT_INODE, State
-from ckptgw.fsops.state import TRANSITIONS, StateError, mermaid, table
+from ckptgw.fsops.state import TRANSITIONS, Changes, StateError, mermaid, table
 from tests.test_ops import ME
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,8 +88,9 @@ def test_every_transition_goes_where_it_says_and_is_journaled(fs: Filesystem, t:
     if t.src is None:
         pytest.skip("a row created in its state")
     ino = new_file(fs, t.src)
-    generation = ino.generation
+    generation, changes = ino.generation, fs.states.changes.count
     call(fs, t.method, ino)
+    assert fs.states.changes.count == changes + 1  # what wakes a waiting ``pending``
     assert ino.state is t.dst
     assert journal_state(fs, ino)[0] is t.dst
     bumped = t.method in ("mark_dirty", "lost", "rebind")
@@ -107,11 +109,34 @@ def test_a_transition_from_a_state_it_does_not_start_from_is_refused_loudly(
     if state in allowed or (method in ("mark_dirty", "finish_upload") and state is State.DIRTY):
         pytest.skip("allowed, or normal: dirty again (a write), or changed during the upload")
     ino = new_file(fs, state)
-    before = journal_state(fs, ino)
+    before, changes = journal_state(fs, ino), fs.states.changes.count
     with caplog.at_level(logging.ERROR, logger="ckptgw.fsops.state"), pytest.raises(StateError):
         call(fs, method, ino)
+    assert fs.states.changes.count == changes
     assert f"bug: {method} of inode {ino.id} in state {state.value} refused" in caplog.text
     assert (ino.state, ino.generation) == before == journal_state(fs, ino)
+
+
+def test_a_wait_for_the_next_change_ends_at_the_change_and_not_before() -> None:
+    changes = Changes()
+    changes.bump()  # no waiter: nothing to wake
+
+    async def main() -> None:
+        await changes.wait(0)  # already past: at once
+        seen, woke = changes.count, []
+
+        async def waiter() -> None:
+            await changes.wait(seen)
+            woke.append(changes.count)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            assert woke == []  # nothing changed yet: still waiting
+            changes.bump()
+        assert woke == [seen + 1]
+
+    trio.run(main)
 
 
 def test_finish_and_abandon_leave_a_file_that_changed_meanwhile_alone(fs: Filesystem) -> None:
