@@ -9,7 +9,8 @@ clock and a fake worker.
 Rules:
 
 * A file is due ``settle`` seconds after it was last reported quiet; a file still being
-  written or fsynced is held until the next report.
+  written or fsynced is held until the next report. A quiet file that is renamed (a save's
+  temp file, fsynced, renamed into place) is due at once.
 * At most ``max_files`` uploads at once, and never two for one key, nor one for a key that a
   pending store operation touches (the worker's ``busy_keys``).
 * A change of a file during its upload cancels the upload; it is due again after the settle
@@ -139,6 +140,8 @@ class Scheduler:
         self._times: list[tuple[float, int]] = []  # (due time, inode): the next wake-up
         self._sleep_until = math.inf  # when the loop wakes up by itself
         self._last_written = -math.inf  # when a file was last reported quiet
+        self._last_inode = 0  # that file
+        self._others_written = -math.inf  # when a file other than that one last was
         self._hold_until = -math.inf  # due files wait for a save in progress until then
         self._small = 0  # small files uploading now
         self.yielded = 0  # times due files waited for a save in progress
@@ -166,6 +169,8 @@ class Scheduler:
 
     def written(self, inode: int) -> None:
         self.dirty_since.setdefault(inode, time.time())
+        if inode != self._last_inode:
+            self._others_written, self._last_inode = self._last_written, inode
         self._last_written = trio.current_time()
         self._set_due(inode, self._last_written + self.config.settle)
 
@@ -178,6 +183,17 @@ class Scheduler:
     def store_ops_added(self) -> None:
         self.ops_wanted.fire()
         self._wake.set()
+
+    def renamed(self, inode: int) -> None:
+        # Due now if it waits out its settle delay; not a retry's wait, nor a file uploading
+        # (its upload ends, and the rename's move follows it). One still open for writing is
+        # held when looked at, until its last release reports it quiet again.
+        due, now = self._due.get(inode), trio.current_time()
+        waiting = inode in self._failures or inode in self._running
+        if due is not None and due > now and not waiting:
+            if inode == self._last_inode:  # its own save is over: a burst is other files'
+                self._last_written = self._others_written
+            self._set_due(inode, now)
 
     def wake(self) -> None:
         """Look at the due files again (a key became free)."""

@@ -25,6 +25,11 @@ class DrainEvents(Protocol):
     def store_ops_added(self) -> None:
         """Store operations (moves, deletes) were journaled and are waiting to be done."""
 
+    def renamed(self, inode: int) -> None:
+        """A dirty file was renamed: the last step of a save (temp file, fsync, rename). A
+        quiet file need not wait out the rest of its settle delay, which is there to see
+        where it ends up."""
+
 
 class NoDrain:
     """For a filesystem with no drain attached (tests of the filesystem alone, tools)."""
@@ -36,4 +41,7 @@ class NoDrain:
         pass
 
     def store_ops_added(self) -> None:
+        pass
+
+    def renamed(self, inode: int) -> None:
         pass

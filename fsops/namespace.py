@@ -291,6 +291,8 @@ class Namespace:
                 d.mtime_ns = d.ctime_ns = now
         if freed and dst is not None:
             self.table.cache.remove(dst.id)
+        if src.is_reg and src.state is State.DIRTY:
+            self.keys.events.renamed(src.id)
 
     def _moved(self, ino: Inode) -> None:
         """Its name is already changed in the journal: move what the store holds (for a

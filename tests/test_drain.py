@@ -20,6 +20,7 @@ import jsonschema
 import pytest
 import xxhash
 
+from ckptgw.gateway.client import mount_of
 from ckptgw.gateway.mountpoint import mounted_fstype
 from tests.conftest import CheckedGateway, GatewayFactory, any_data_path, needs_fuse
 from tests.faultproxy import Fault, FaultProxy
@@ -174,10 +175,16 @@ def test_files_reach_the_store_byte_for_byte(drain: Callable[..., DrainSetup]) -
     assert meta["size"] == str(len(big))
 
 
-def test_rename_before_upload_only_changes_the_key(drain: Callable[..., DrainSetup]) -> None:
-    d = drain(settle=1.0)
+def test_a_save_renamed_into_place_goes_at_once_under_its_final_key_only(
+    drain: Callable[..., DrainSetup],
+) -> None:
+    """The rename ends a save (temp file, fsync, rename): the file goes without waiting out
+    its settle delay (here 10 minutes, so nothing else could have sent it), and no request
+    names the temp file. A file written and closed but not renamed waits it out."""
+    d = drain(settle=600.0)
     mnt = d.gw.mountpoint
     data = os.urandom(6 << 20)
+    (mnt / "later.pt").write_bytes(b"not renamed")
     with open(mnt / "ckpt.pt.tmp", "wb") as f:
         f.write(data)
         os.fsync(f.fileno())
@@ -185,6 +192,9 @@ def test_rename_before_upload_only_changes_the_key(drain: Callable[..., DrainSet
     settle_on(d.store, {"ckpt.pt": data})
     if d.proxy is not None:  # no request ever named the temp file
         assert not [p for _, p, _ in d.proxy.log if "tmp" in p]
+    mount, _ = mount_of(mnt)
+    left = mount.request("pending", paths=["later.pt"], wait=0.2)
+    assert [f["path"] for f in left["files"]] == [str(mnt / "later.pt")]
 
 
 def test_rename_and_unlink_of_drained_data(drain: Callable[..., DrainSetup]) -> None:

@@ -195,6 +195,73 @@ def test_a_rename_mid_upload_does_not_cancel_it() -> None:
     run(test)
 
 
+def test_a_quiet_file_renamed_starts_at_once_without_the_rest_of_its_settle_delay() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("tmp")
+        s.written(1)  # the save's fsync, then its close
+        await trio.sleep(SETTLE / 4)
+        t_rename = trio.current_time()
+        w.files[1].key = "final"
+        s.renamed(1)
+        await trio.sleep(10)
+        assert starts(w, 1) == [pytest.approx(t_rename)]
+        s.renamed(1)  # clean now: nothing to start
+        s.renamed(2)  # never reported quiet (still being written): nothing either
+        await trio.sleep(10)
+        assert len(starts(w, 1)) == 1 and starts(w, 2) == []
+
+    run(test)
+
+
+def test_a_renamed_file_yields_to_a_burst_of_other_files_but_not_to_its_own_save() -> None:
+    """With ``yield_to_saves``: a file saved and renamed on its own goes at once (its own
+    fsync and close are not a burst); renamed while other files keep being finished (a
+    sharded save that ends with a renamed metadata file), it waits for the burst to end."""
+
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("one.pt")
+        s.written(1)
+        s.written(1)
+        t_rename = trio.current_time()
+        s.renamed(1)
+        await trio.sleep(10)
+        assert starts(w, 1) == [pytest.approx(t_rename)]
+
+        for i in (2, 3, 4):
+            w.files[i] = FakeFile(f"shard{i}")
+            s.written(i)
+            t_shard = trio.current_time()
+            await trio.sleep(SETTLE / 4)
+        w.files[5] = FakeFile(".metadata")
+        s.written(5)
+        s.renamed(5)
+        await trio.sleep(10)
+        assert starts(w, 5) == [pytest.approx(t_shard + SETTLE)]  # the others' burst ended
+
+    run(test, yield_to_saves=30.0)
+
+
+def test_a_rename_does_not_cut_a_retry_delay_short_nor_restart_an_upload() -> None:
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("a")
+        w.script[1] = [StoreError("503", temporary=True), "ok"]
+        w.files[2] = FakeFile("b")
+        w.script[2] = ["wait"]
+        s.written(1)
+        s.written(2)
+        await trio.sleep(1)
+        assert len(starts(w, 1)) == 1 and s.uploading() == {2: "b"}
+        s.renamed(1)  # failed: waits for its retry
+        s.renamed(2)  # uploading: goes on
+        await trio.sleep(1)
+        assert len(starts(w, 1)) == 1 and len(starts(w, 2)) == 1
+        w.release(2)
+        await trio.sleep(600)
+        assert len(starts(w, 1)) == 2 and len(starts(w, 2)) == 1
+
+    run(test)
+
+
 def test_one_upload_per_key_and_none_for_a_key_a_store_operation_holds() -> None:
     async def test(s: Scheduler, w: FakeWorker) -> None:
         w.files[1] = FakeFile("k")

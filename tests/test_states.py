@@ -35,6 +35,9 @@ class Events:
     def store_ops_added(self) -> None:
         self.log.append(("ops", 0))
 
+    def renamed(self, inode: int) -> None:
+        self.log.append(("renamed", inode))
+
 
 @pytest.fixture
 def fs(tmp_path: Path) -> Iterator[Filesystem]:
