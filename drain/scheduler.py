@@ -142,6 +142,8 @@ class Scheduler:
         self._last_written = -math.inf  # when a file was last reported quiet
         self._last_inode = 0  # that file
         self._others_written = -math.inf  # when a file other than that one last was
+        self._excused = False  # that file's save ended with its rename: its reports no burst
+        self._renamed: set[int] = set()  # dirty files renamed since their upload last began
         self._hold_until = -math.inf  # due files wait for a save in progress until then
         self._small = 0  # small files uploading now
         self.yielded = 0  # times due files waited for a save in progress
@@ -171,10 +173,12 @@ class Scheduler:
         self.dirty_since.setdefault(inode, time.time())
         if inode != self._last_inode:
             self._others_written, self._last_inode = self._last_written, inode
-        self._last_written = trio.current_time()
-        self._set_due(inode, self._last_written + self.config.settle)
+        now = self._last_written = trio.current_time()
+        self._excused = inode in self._renamed  # renamed while still open: quiet now
+        self._set_due(inode, now if self._excused else now + self.config.settle)
 
     def changed(self, inode: int) -> None:
+        self._renamed.discard(inode)  # unlinked, or changing again
         run = self._running.get(inode)
         if run is not None:
             run.changed = True
@@ -186,13 +190,14 @@ class Scheduler:
 
     def renamed(self, inode: int) -> None:
         # Due now if it waits out its settle delay; not a retry's wait, nor a file uploading
-        # (its upload ends, and the rename's move follows it). One still open for writing is
-        # held when looked at, until its last release reports it quiet again.
+        # (its upload ends, and the rename's move follows it). One still open for writing
+        # (its RELEASE may even come after the RENAME) is due as soon as it is reported quiet.
+        self._renamed.add(inode)
+        if inode == self._last_inode:  # its own save is over: a burst is other files'
+            self._excused = True
         due, now = self._due.get(inode), trio.current_time()
         waiting = inode in self._failures or inode in self._running
         if due is not None and due > now and not waiting:
-            if inode == self._last_inode:  # its own save is over: a burst is other files'
-                self._last_written = self._others_written
             self._set_due(inode, now)
 
     def wake(self) -> None:
@@ -325,6 +330,7 @@ class Scheduler:
                 continue
             del self._due[inode]
             worker.begin(inode, key)
+            self._renamed.discard(inode)  # a later change waits out the settle delay again
             run = self._running[inode] = _Running(key, trio.CancelScope(), small)
             busy.add(key)
             self._small += small
@@ -361,7 +367,8 @@ class Scheduler:
         """Whether a file due since ``due`` waits for a save in progress (files are still
         being finished one after another) for now; if so, the loop looks again when the
         save may have ended or the file has waited long enough."""
-        wait, end = self.config.yield_to_saves, self._last_written + self.config.settle
+        last = self._others_written if self._excused else self._last_written
+        wait, end = self.config.yield_to_saves, last + self.config.settle
         if wait <= 0 or end <= now or due + wait <= now:
             return False
         self._hold_until = min(end, due + wait)  # later than now
@@ -371,6 +378,7 @@ class Scheduler:
     def _forget(self, inode: int) -> None:
         """The file is clean or gone: nothing about it is pending any more."""
         self._due.pop(inode, None)
+        self._renamed.discard(inode)
         self._urgent.discard(inode)
         self._mtime.pop(inode, None)
         self.errors.pop(inode, None)

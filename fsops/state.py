@@ -100,8 +100,10 @@ def table() -> str:
 
 
 class Changes:
-    """How many state changes were made so far, and a wait for the next one: what lets a
-    client wait until entries are durable without asking again and again."""
+    """How many changes of what is durable were made so far (every state transition, and
+    every batch of store operations done, since a file can wait for its move), and a wait for
+    the next one: what lets a client wait until entries are durable without asking again and
+    again."""
 
     def __init__(self) -> None:
         self.count = 0

@@ -29,6 +29,16 @@ from ckptgw.gateway.render import size
 
 CONNECT_TIMEOUT = 30.0
 LONG_POLL = 10.0  # seconds a wait without a progress bar lets each ``pending`` request wait
+BAR_POLL = 1.0  # and with one drawn (it answers at once when nothing is left either way)
+MAX_WAIT = 60.0  # the daemon waits no longer (gateway.status.MAX_WAIT)
+
+
+def _waits(wait: object) -> float:
+    """How long a request's ``wait`` may keep the daemon from answering (a bad one: not at
+    all, the daemon refuses it)."""
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0:
+        return 0.0
+    return min(float(wait), MAX_WAIT)
 
 
 class NotRunning(UserError):
@@ -54,8 +64,7 @@ class Mount:
         if not path:
             raise NotRunning(f"the gateway for {self.mountpoint} has no control socket")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            wait = args.get("wait", 0)  # a pending request may wait that long first
-            s.settimeout(CONNECT_TIMEOUT + (wait if isinstance(wait, (int, float)) else 0))
+            s.settimeout(CONNECT_TIMEOUT + _waits(args.get("wait")))
             try:
                 with socket_address(path) as address:
                     s.connect(address)
@@ -73,7 +82,8 @@ class Mount:
                 ) from None
             except TimeoutError:
                 raise UserError(
-                    f"the gateway for {self.mountpoint} did not answer in {CONNECT_TIMEOUT:.0f} s"
+                    f"the gateway for {self.mountpoint} did not answer in "
+                    f"{CONNECT_TIMEOUT + _waits(args.get('wait')):.0f} s"
                 ) from None
             except PermissionError:
                 raise UserError(
@@ -160,9 +170,11 @@ def wait_until_durable(
     """Block until nothing at or below ``paths`` (all of the mount if empty) is only local.
     Returns the last ``pending`` answer; raises NotDurable at the timeout.
 
-    Each ``pending`` request waits in the daemon until nothing is pending or ``poll`` seconds
-    passed (``LONG_POLL`` without a progress bar to draw): the answer comes the moment the
-    last entry is durable, and waiting costs the daemon nothing while nothing changes."""
+    Each ``pending`` request waits in the daemon until nothing is pending, or for
+    ``BAR_POLL`` seconds when there is a progress bar to draw (``LONG_POLL`` when not): the
+    answer comes the moment the last entry is durable, and the daemon asks itself again only
+    when something changed (or once a second). A daemon of an older version answers at once:
+    it is asked again every ``poll`` seconds."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pending = mount.request("flush" if flush else "pending", paths=paths)
     while True:
@@ -175,7 +187,8 @@ def wait_until_durable(
                 f"not durable after {timeout:g} s: {describe(pending)}",
                 pending,
             )
-        wait = poll if progress is not None else LONG_POLL
+        drawn = progress is not None and getattr(progress, "enabled", True)
+        wait = BAR_POLL if drawn else LONG_POLL
         if deadline is not None:
             wait = max(0.0, min(wait, deadline - time.monotonic()))
         t0 = time.monotonic()

@@ -14,7 +14,9 @@ way (a request is at most 1 MiB)::
 
 This module only frames, checks the version and dispatches; the operations are the handlers
 the daemon passes in (``gateway.daemon.control_handlers``): ``status``; ``pending`` and
-``flush`` with ``paths`` (relative to the mount's root; none means all of it); ``pin`` with
+``flush`` with ``paths`` (relative to the mount's root; none means all of it), and
+``pending`` with ``wait`` (seconds, at most 60: answered once nothing is pending or when
+the wait is up, with ``waited``; a daemon without it answers at once); ``pin`` with
 ``path`` and ``pin`` (false: unpin); ``lifecycle_plan`` and ``lifecycle_apply`` with ``run``;
 ``lifecycle_rules`` with ``apply``. A request whose ``version`` is missing or newer than the
 daemon's is refused with an error that says to restart the gateway, so old daemons and new

@@ -325,8 +325,8 @@ SETTINGS = (
             "cannot, every byte goes through the daemon", flag="--no-passthrough",
             field="passthrough"),
     Setting("drain", "settle", SECONDS, 0.2,
-            "seconds a closed file stays quiet before it is uploaded (one renamed after it was "
-            "closed goes at once)", field="settle"),
+            "seconds a closed file stays quiet before it is uploaded (a renamed one need not: "
+            "the rename ends a save)", field="settle"),
     Setting("drain", "max_files", Number(1, whole=True), 4,
             "files uploading at once", field="max_files"),
     Setting("drain", "max_small_files", Number(1, whole=True), 16,

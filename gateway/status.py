@@ -7,6 +7,7 @@ are only ever added within a version.
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import time
@@ -32,6 +33,7 @@ from ckptgw.gateway.nfsserve import read_state
 STATUS_VERSION = 1
 MAX_WAIT = 60.0  # the longest a ``pending`` request may wait (its client's socket waits longer)
 RECHECK = 1.0  # a waiting ``pending`` asks again at least this often
+SPACING = 0.02  # and never sooner than this after any ask
 
 
 class PathError(Exception):
@@ -78,6 +80,7 @@ class Reporter:
         self.retention: Retention | None = None
         self.prefetcher: Prefetcher | None = None  # set by the daemon: warm-ups in status
         self.started = time.time()
+        self._next_ask = -math.inf  # (trio time) a waiting ``pending`` asks again from then
 
     # -- files -----------------------------------------------------------------------------------
 
@@ -152,23 +155,29 @@ class Reporter:
 
     async def pending_within(self, paths: list[str], wait: float) -> dict[str, Any]:
         """:meth:`pending`, answered as soon as nothing is pending or after ``wait`` seconds,
-        with ``waited``: the seconds it waited. It asks again after each state change (at
-        least every :data:`RECHECK` seconds: an entry removed is no change of state), never
-        sooner than ten times as long as the last answer took after it, so waiting costs the
-        daemon at most a tenth of its loop, and nothing while nothing changes."""
+        with ``waited``: the seconds it waited. While it waits it asks again after each change
+        of what is durable (``FileStates.changes``), at least every :data:`RECHECK` seconds
+        (an entry removed changes nothing durable), and at its deadline (a progress bar's
+        bytes move without a change). Every ask of every waiting request comes at least
+        :data:`SPACING` seconds, and ten times as long as the last ask took, after the last
+        one: waiting clients cost the daemon at most a tenth of its loop, however many."""
         changes = self.fs.states.changes
         start = trio.current_time()
         deadline = start + max(0.0, min(wait, MAX_WAIT))
         while True:
+            # A plain ``pending`` is answered at once. Waiters woken together ask in turn:
+            # each ask moves ``_next_ask`` on for the others.
+            while deadline > start and trio.current_time() < min(deadline, self._next_ask):
+                await trio.sleep_until(min(deadline, self._next_ask))
             seen, t0 = changes.count, time.perf_counter()
             answer = self.pending(paths)
             took = time.perf_counter() - t0
             now = trio.current_time()
+            self._next_ask = now + max(SPACING, 10 * took)
             if not answer["count"] or now >= deadline:
                 return answer | {"waited": round(now - start, 3)}
             with trio.move_on_at(min(deadline, now + RECHECK)):
                 await changes.wait(seen)
-            await trio.sleep_until(min(deadline, now + 10 * took))
 
     def flush(self, paths: list[str]) -> dict[str, Any]:
         if not paths:

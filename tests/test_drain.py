@@ -181,7 +181,7 @@ def test_a_save_renamed_into_place_goes_at_once_under_its_final_key_only(
     """The rename ends a save (temp file, fsync, rename): the file goes without waiting out
     its settle delay (here 10 minutes, so nothing else could have sent it), and no request
     names the temp file. A file written and closed but not renamed waits it out."""
-    d = drain(settle=600.0)
+    d = drain(settle=600.0, yield_to_saves=0)  # with a 600 s settle, later.pt is a long burst
     mnt = d.gw.mountpoint
     data = os.urandom(6 << 20)
     (mnt / "later.pt").write_bytes(b"not renamed")

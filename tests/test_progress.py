@@ -6,20 +6,29 @@ once, the move as part of its checkpoint), and the wording of counts and retries
 from __future__ import annotations
 
 import io
+import itertools
 import json
+import math
 import os
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
+from ckptgw.fsops.state import Changes
+from ckptgw.gateway import client
 from ckptgw.gateway.client import Mount, mount_of, wait_durable
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.progressbar import ProgressBar
 from ckptgw.gateway.render import entries, files, retries_text, status_text
+from ckptgw.gateway.status import RECHECK, SPACING, Reporter
 from tests.conftest import GatewayFactory, needs_fuse
 from tests.faultproxy import Fault
 from tests.s3server import free_port
@@ -178,6 +187,104 @@ def test_status_text_words_one_file_and_moves() -> None:
     (row,) = [line for line in text.splitlines() if "/mnt/step_1 " in line]
     assert "1 move pending" in row
     assert "retries 0; no errors" in text
+
+
+# -- a waiting ``pending``, on a fake clock --------------------------------------------------------
+
+
+def fake_reporter(left: dict[str, int], asks: list[float]) -> tuple[Reporter, Changes]:
+    """A Reporter with only what ``pending_within`` uses: the changes it waits on, and a
+    ``pending`` that notes when it was asked."""
+    changes = Changes()
+    reporter = Reporter.__new__(Reporter)
+    reporter.fs = SimpleNamespace(states=SimpleNamespace(changes=changes))  # type: ignore[assignment]
+    reporter._next_ask = -math.inf
+
+    def pending(paths: list[str]) -> dict[str, Any]:
+        asks.append(trio.current_time())
+        return {"count": left["count"]}
+
+    reporter.pending = pending  # type: ignore[method-assign]
+    return reporter, changes
+
+
+def test_a_waiting_pending_asks_again_at_a_change_at_its_rechecks_and_at_its_deadline() -> None:
+    left: dict[str, int] = {"count": 1}
+    asks: list[float] = []
+    reporter, changes = fake_reporter(left, asks)
+
+    async def main() -> None:
+        async def finish() -> None:
+            await trio.sleep(0.3)  # between two rechecks
+            left["count"] = 0
+            changes.bump()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(finish)
+            answer = await reporter.pending_within(["x"], 10)
+        assert answer == {"count": 0, "waited": 0.3}  # woken by the change itself
+        assert asks == [pytest.approx(0.0), pytest.approx(0.3)]
+
+        await trio.sleep(1)
+        left["count"], t0 = 1, trio.current_time()
+        asks.clear()
+        answer = await reporter.pending_within(["x"], 2.5)  # nothing changes
+        assert answer == {"count": 1, "waited": 2.5}
+        assert [a - t0 for a in asks] == pytest.approx([0, RECHECK, 2 * RECHECK, 2.5])
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_waiting_pendings_together_ask_no_more_often_than_their_spacing() -> None:
+    """Two clients waiting while changes come every millisecond (a small-file drain): the
+    daemon asks at most once per ``SPACING``, for both of them together."""
+    left: dict[str, int] = {"count": 1}
+    asks: list[float] = []
+    reporter, changes = fake_reporter(left, asks)
+
+    async def main() -> None:
+        async def churn() -> None:
+            for _ in range(500):
+                await trio.sleep(0.001)
+                changes.bump()
+            left["count"] = 0
+            changes.bump()
+
+        answers: list[dict[str, Any]] = []
+
+        async def client() -> None:
+            answers.append(await reporter.pending_within(["x"], 10))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(churn)
+            nursery.start_soon(client)
+            nursery.start_soon(client)
+        assert [a["count"] for a in answers] == [0, 0]
+        gaps = [b - a for a, b in itertools.pairwise(asks[1:])]  # the first two: one each
+        assert gaps and min(gaps) >= SPACING - 1e-9
+        assert len(asks) <= 0.5 / SPACING + 4
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_daemon_that_answers_at_once_is_asked_again_every_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A daemon of an older version knows no ``wait``: it answers at once, without
+    ``waited``, and the client sleeps out each ``poll`` itself instead of asking in a loop."""
+    answers = [{"count": 1}, {"count": 1}, {"count": 0}]
+    asked: list[tuple[str, object]] = []
+    slept: list[float] = []
+
+    class OldDaemon:
+        def request(self, op: str, **args: Any) -> dict[str, Any]:
+            asked.append((op, args.get("wait")))
+            return answers.pop(0)
+
+    monkeypatch.setattr(time, "sleep", slept.append)
+    assert client.wait_until_durable(OldDaemon(), ["x"], None, poll=0.2) == {"count": 0}  # type: ignore[arg-type]
+    assert asked == [("flush", None), ("pending", client.LONG_POLL), ("pending", client.LONG_POLL)]
+    assert len(slept) == 2 and all(0 < s <= 0.2 for s in slept)
 
 
 # -- a real mount on S3, uploads held at the proxy ----------------------------------------------

@@ -241,6 +241,49 @@ def test_a_renamed_file_yields_to_a_burst_of_other_files_but_not_to_its_own_save
     run(test, yield_to_saves=30.0)
 
 
+def test_shards_each_renamed_into_place_are_still_a_burst() -> None:
+    """Each shard saved as temp + fsync + close + rename, one after another: from the second
+    on, each waits for the burst to end (the previous shard's report is another file's)."""
+
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        for i in range(1, 6):
+            w.files[i] = FakeFile(f"shard{i}")
+            s.written(i)
+            s.written(i)
+            s.renamed(i)
+            t_last = trio.current_time()
+            await trio.sleep(SETTLE / 4)
+        await trio.sleep(10)
+        assert starts(w, 1) == [pytest.approx(0.0, abs=0.01)]  # alone when it was renamed
+        for i in range(2, 6):
+            assert starts(w, i) == [pytest.approx(t_last - SETTLE / 4 + SETTLE)], i
+        assert s.yielded > 0
+
+    run(test, yield_to_saves=30.0)
+
+
+def test_a_file_renamed_while_still_open_goes_once_it_is_quiet() -> None:
+    """The RENAME may come before the RELEASE of the close before it (FUSE sends RELEASE in
+    the background): the file goes as soon as it is reported quiet, not a settle later; a
+    change after the rename (unlink, or dirty again) takes that back."""
+
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("final.pt")
+        w.files[2] = FakeFile("other.pt")
+        s.renamed(1)
+        s.renamed(2)
+        s.changed(2)
+        await trio.sleep(1)
+        t_quiet = trio.current_time()
+        s.written(1)
+        s.written(2)
+        await trio.sleep(10)
+        assert starts(w, 1) == [pytest.approx(t_quiet)]
+        assert starts(w, 2) == [pytest.approx(t_quiet + SETTLE)]
+
+    run(test)
+
+
 def test_a_rename_does_not_cut_a_retry_delay_short_nor_restart_an_upload() -> None:
     async def test(s: Scheduler, w: FakeWorker) -> None:
         w.files[1] = FakeFile("a")
@@ -252,7 +295,8 @@ def test_a_rename_does_not_cut_a_retry_delay_short_nor_restart_an_upload() -> No
         await trio.sleep(1)
         assert len(starts(w, 1)) == 1 and s.uploading() == {2: "b"}
         s.renamed(1)  # failed: waits for its retry
-        s.renamed(2)  # uploading: goes on
+        s.written(2)  # reported quiet during its upload (due again after it)...
+        s.renamed(2)  # ...and renamed: the upload goes on, not a second one beside it
         await trio.sleep(1)
         assert len(starts(w, 1)) == 1 and len(starts(w, 2)) == 1
         w.release(2)
