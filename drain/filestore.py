@@ -418,7 +418,12 @@ class FileStore(Store):
         return etag
 
     async def upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes, crc32: int | None = None
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes | memoryview,
+        crc32: int | None = None,
     ) -> str:
         d, what = self._upload_dir(upload_id), f"PART {number} of {key}"
 

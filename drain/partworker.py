@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ckptgw.drain.partbuffers import PartBuffers
 from ckptgw.drain.store import NotFound, StoreError, read_part
 from ckptgw.drain.storeurl import parse_store_url
 
@@ -136,15 +137,18 @@ async def _serve_parts(
     # A part's cancel scope exists from the moment its request is read, so a cancel read
     # right after it (before its task has run) still reaches it.
     scopes: dict[int, trio.CancelScope] = {}
+    buffers = PartBuffers()
 
     async def part(msg: Message, fd: int, scope: trio.CancelScope) -> None:
         rid = int(msg["id"])
         reply: Message = {"cancelled": True}
+        length = int(msg["length"])
+        buf = buffers.take(length)
         with scope:
             try:
                 try:
                     data, crc = await trio.to_thread.run_sync(
-                        read_part, fd, int(msg["offset"]), int(msg["length"])
+                        read_part, fd, int(msg["offset"]), length, buf
                     )
                 finally:
                     os.close(fd)
@@ -162,6 +166,8 @@ async def _serve_parts(
                 reply = error_message(_unexpected(msg, e, temporary=True))
             except Exception as e:  # a bug: said as a permanent error, the worker goes on
                 reply = error_message(_unexpected(msg, e, temporary=False))
+        # Cancelled: the request may still be sending from the buffer (see PartBuffers).
+        (buffers.lost if scope.cancelled_caught else buffers.give)(buf)
         del scopes[rid]
         await answer({"id": rid} | reply)
 

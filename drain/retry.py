@@ -300,7 +300,12 @@ class RetryingStore(Store):
         )
 
     async def upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes, crc32: int | None = None
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes | memoryview,
+        crc32: int | None = None,
     ) -> str:
         return await self._retry(
             f"part {number} of {key}",

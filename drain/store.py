@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import errno
+import mmap
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ckptgw.drain.partbuffers import PartBuffers
 from ckptgw.fsops.contentsum import crc32
 
 if TYPE_CHECKING:
@@ -260,10 +262,16 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes, crc32: int | None = None
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes | memoryview,
+        crc32: int | None = None,
     ) -> str:
         """Upload part ``number`` (1-based); returns its ETag. ``crc32``: the part's, if the
-        caller computed it (else the store computes what it needs)."""
+        caller computed it (else the store computes what it needs). ``data`` may be a view
+        of a part buffer that is reused once this returns: a store keeps no reference."""
 
     async def upload_part_from(
         self, key: str, upload_id: str, number: int, fd: int, offset: int, length: int
@@ -272,10 +280,30 @@ class Store(abc.ABC):
         returns its ETag and the CRC32 of the bytes sent, which one read gave for both. A file
         that ends before the part does is a permanent StoreError (code :data:`SHORT_FILE`).
 
-        This default reads on a worker thread and calls :meth:`upload_part`;
-        :class:`drain.s3store.S3Store` can send the part from a worker process instead."""
-        data, crc = await trio.to_thread.run_sync(read_part, fd, offset, length)
-        return await self.upload_part(key, upload_id, number, data, crc), crc
+        This default reads on a worker thread, into one of :attr:`part_buffers`, and calls
+        :meth:`upload_part`; :class:`drain.s3store.S3Store` can send the part from a worker
+        process instead."""
+        buffers = self.part_buffers
+        buf = buffers.take(length)
+        try:
+            data, crc = await trio.to_thread.run_sync(read_part, fd, offset, length, buf)
+            etag = await self.upload_part(key, upload_id, number, data, crc)
+        except trio.Cancelled:  # the request may still be sending from it
+            buffers.lost(buf)
+            raise
+        except BaseException:
+            buffers.give(buf)
+            raise
+        buffers.give(buf)
+        return etag, crc
+
+    @property
+    def part_buffers(self) -> PartBuffers:
+        """The buffers this store's parts are read into (made at first use)."""
+        buffers = self.__dict__.get("_part_buffers")
+        if buffers is None:
+            buffers = self.__dict__["_part_buffers"] = PartBuffers()
+        return buffers
 
     @abc.abstractmethod
     async def copy_part(
@@ -318,14 +346,20 @@ READ_ERROR = "ReadError"
 _TEMPORARY_ERRNOS = frozenset({errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EINTR})
 
 
-def read_part(fd: int, offset: int, length: int) -> tuple[bytes, int]:
+def read_part(
+    fd: int, offset: int, length: int, into: mmap.mmap | None = None
+) -> tuple[bytes | memoryview, int]:
     """Bytes [offset, offset + length) of a file and their CRC32: one read for both (the
-    CRC32 releases the GIL). A file that ends sooner: permanent StoreError, code SHORT_FILE; a
-    read that fails: StoreError, code READ_ERROR (temporary for ENOMEM, EMFILE and the like,
-    permanent for EIO and the rest), so that a part read here or in a part worker fails the
-    same way."""
+    CRC32 releases the GIL), into the start of ``into`` if given (a view of it is returned).
+    A file that ends sooner: permanent StoreError, code SHORT_FILE; a read that fails:
+    StoreError, code READ_ERROR (temporary for ENOMEM, EMFILE and the like, permanent for EIO
+    and the rest), so that a part read here or in a part worker fails the same way."""
     try:
-        data = os.pread(fd, length, offset)
+        if into is None:
+            data: bytes | memoryview = os.pread(fd, length, offset)
+        else:
+            view = memoryview(into)[:length]
+            data = view[: _read_into(fd, view, offset)]
     except OSError as e:
         raise StoreError(
             f"reading [{offset}, {offset + length}) of the cache file: {e.strerror}",
@@ -346,6 +380,17 @@ def read_part(fd: int, offset: int, length: int) -> tuple[bytes, int]:
             code=SHORT_FILE,
         )
     return data, crc32(data)
+
+
+def _read_into(fd: int, view: memoryview, offset: int) -> int:
+    """Fill ``view`` from ``offset`` on; fewer bytes only at the end of the file."""
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
 
 
 def short_read(key: str, start: int, end: int, got: int) -> StoreError:

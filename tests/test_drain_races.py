@@ -86,7 +86,12 @@ class GatedStore(FileStore):
         await super().delete(key)
 
     async def upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes, crc32: int | None = None
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes | memoryview,
+        crc32: int | None = None,
     ) -> str:
         if number > 1:
             self.parts_waiting.add(number)

@@ -163,11 +163,16 @@ class MemoryStore(Store):
         return upload_id
 
     async def upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes, crc32: int | None = None
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes | memoryview,
+        crc32: int | None = None,
     ) -> str:
         await self._enter("upload_part")
         etag = self._etag()
-        self._upload(upload_id)[2][number] = (data, etag)
+        self._upload(upload_id)[2][number] = (bytes(data), etag)  # data's buffer is reused
         return etag
 
     async def copy_part(
