@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ckptgw.drain.partbuffers import PartBuffers
-from ckptgw.drain.store import NotFound, StoreError, read_part
+from ckptgw.drain.store import NotFound, StoreError, read_part, take_buffer
 from ckptgw.drain.storeurl import parse_store_url
 
 if TYPE_CHECKING:
@@ -142,14 +142,13 @@ async def _serve_parts(
     async def part(msg: Message, fd: int, scope: trio.CancelScope) -> None:
         rid = int(msg["id"])
         reply: Message = {"cancelled": True}
-        length = int(msg["length"])
-        buf = buffers.take(length)
+        buf = None
         with scope:
             try:
                 try:
-                    data, crc = await trio.to_thread.run_sync(
-                        read_part, fd, int(msg["offset"]), length, buf
-                    )
+                    offset, length = int(msg["offset"]), int(msg["length"])
+                    buf = take_buffer(buffers, offset, length)
+                    data, crc = await trio.to_thread.run_sync(read_part, fd, offset, length, buf)
                 finally:
                     os.close(fd)
                 etag = await store.send_part(
@@ -166,8 +165,8 @@ async def _serve_parts(
                 reply = error_message(_unexpected(msg, e, temporary=True))
             except Exception as e:  # a bug: said as a permanent error, the worker goes on
                 reply = error_message(_unexpected(msg, e, temporary=False))
-        # Cancelled: the request may still be sending from the buffer (see PartBuffers).
-        (buffers.lost if scope.cancelled_caught else buffers.give)(buf)
+        if buf is not None:  # cancelled: the request may still send from it (PartBuffers)
+            (buffers.lost if scope.cancelled_caught else buffers.give)(buf)
         del scopes[rid]
         await answer({"id": rid} | reply)
 

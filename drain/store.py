@@ -284,15 +284,15 @@ class Store(abc.ABC):
         :meth:`upload_part`; :class:`drain.s3store.S3Store` can send the part from a worker
         process instead."""
         buffers = self.part_buffers
-        buf = buffers.take(length)
+        buf = take_buffer(buffers, offset, length)
         try:
             data, crc = await trio.to_thread.run_sync(read_part, fd, offset, length, buf)
             etag = await self.upload_part(key, upload_id, number, data, crc)
-        except trio.Cancelled:  # the request may still be sending from it
-            buffers.lost(buf)
-            raise
-        except BaseException:
+        except Exception:  # the request has ended
             buffers.give(buf)
+            raise
+        except BaseException:  # cancelled or interrupted: it may still be sending from it
+            buffers.lost(buf)
             raise
         buffers.give(buf)
         return etag, crc
@@ -358,6 +358,8 @@ def read_part(
         if into is None:
             data: bytes | memoryview = os.pread(fd, length, offset)
         else:
+            if len(into) < length:
+                raise ValueError(f"a {len(into)}-byte buffer for a {length}-byte part")
             view = memoryview(into)[:length]
             data = view[: _read_into(fd, view, offset)]
     except OSError as e:
@@ -380,6 +382,19 @@ def read_part(
             code=SHORT_FILE,
         )
     return data, crc32(data)
+
+
+def take_buffer(buffers: PartBuffers, offset: int, length: int) -> mmap.mmap:
+    """A buffer for the part [offset, offset + length); one that cannot be made is a
+    temporary StoreError, as a read short of memory is."""
+    try:
+        return buffers.take(length)
+    except (OSError, MemoryError) as e:
+        raise StoreError(
+            f"reading [{offset}, {offset + length}) of the cache file: no buffer ({e})",
+            temporary=True,
+            code=READ_ERROR,
+        ) from None
 
 
 def _read_into(fd: int, view: memoryview, offset: int) -> int:

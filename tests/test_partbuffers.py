@@ -1,20 +1,23 @@
-"""Part buffers (drain.partbuffers): parts are read into reused buffers, bounded, let go when
-the drain is idle, never reused while a given-up request may still send from one; through a
-real file store, the parts of an upload land byte for byte and share one buffer each at a
-time (no store, no mount: fast tier)."""
+"""Part buffers (drain.partbuffers): parts are read into reused buffers, bounded, let go once
+the drain has been idle a while, never reused while a given-up request may still send from
+one; through a real file store, the parts of an upload land byte for byte and share one
+buffer, and a failed part gives its buffer back (no S3, no mount: fast tier)."""
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import zlib
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from ckptgw.drain.filestore import FileStore
-from ckptgw.drain.partbuffers import PartBuffers
-from ckptgw.drain.store import SHORT_FILE, StoreError, read_part
+from ckptgw.drain.partbuffers import IDLE, PartBuffers
+from ckptgw.drain.store import READ_ERROR, SHORT_FILE, StoreError, read_part
 from ckptgw.drain.storeurl import parse_store_url
 
 PART = 5 << 20
@@ -64,19 +67,23 @@ def test_a_part_read_into_a_buffer_is_the_file_s_bytes_and_their_crc32(tmp_path:
         with pytest.raises(StoreError) as caught:
             read_part(fd, 3 * PART, PART, buf)  # the file ends first
         assert caught.value.code == SHORT_FILE
+        with pytest.raises(ValueError, match="buffer for a"):
+            read_part(fd, 0, PART + 1, buf)  # never a silent short part
     finally:
         os.close(fd)
 
 
 def test_the_parts_of_an_upload_share_buffers_and_land_byte_for_byte(tmp_path: Path) -> None:
+    """Five parts, one after another, through a real file store: one buffer for all five,
+    kept while the drain pauses for less than IDLE seconds, let go after (fake clock)."""
     data = os.urandom(4 * PART + 7)
     (tmp_path / "f").write_bytes(data)
     store = FileStore(parse_store_url(f"file://{tmp_path / 'store'}"))
     fd = os.open(tmp_path / "f", os.O_RDONLY)
+    buffers = store.part_buffers
 
     async def main() -> None:
         upload = await store.create_multipart("ckpt.pt", {})
-        other = store.part_buffers.take(PART)  # another upload's part in flight all along
         etags = []
         for n in range(1, 6):
             off = (n - 1) * PART
@@ -84,17 +91,48 @@ def test_the_parts_of_an_upload_share_buffers_and_land_byte_for_byte(tmp_path: P
                 "ckpt.pt", upload, n, fd, off, min(PART, len(data) - off)
             )
             etags.append(etag)
-        assert store.part_buffers.made == 2  # the other's, and one for all five parts
-        store.part_buffers.give(other)
+        assert (buffers.made, buffers.in_use, buffers.free) == (1, 0, 1)
+        await trio.sleep(IDLE - 1)  # (no thread runs now: the fake clock moves only here)
+        buffers.give(buffers.take(PART))  # a pause shorter than IDLE: the same buffer
+        assert buffers.made == 1
+        await trio.sleep(IDLE + 1)
+        assert (buffers.in_use, buffers.free) == (0, 0)  # idle: let go
         await store.complete_multipart("ckpt.pt", upload, etags)
+
+    try:
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    finally:
+        os.close(fd)
+    assert (tmp_path / "store" / "ckpt.pt").read_bytes() == data
+
+
+def test_a_part_that_fails_gives_its_buffer_back_and_one_never_made_is_a_store_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "f").write_bytes(os.urandom(PART - 1))
+    store = FileStore(parse_store_url(f"file://{tmp_path / 'store'}"))
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+
+    async def main() -> None:
+        upload = await store.create_multipart("ckpt.pt", {})
+        with pytest.raises(StoreError) as short:
+            await store.upload_part_from("ckpt.pt", upload, 1, fd, 0, PART)  # ends first
+        assert short.value.code == SHORT_FILE
+        assert (store.part_buffers.in_use, store.part_buffers.free) == (0, 1)
+
+        def no_memory(*args: object, **kwargs: object) -> mmap.mmap:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+        monkeypatch.setattr(mmap, "mmap", no_memory)
+        with pytest.raises(StoreError) as none:
+            await store.upload_part_from("ckpt.pt", upload, 1, fd, 0, 2 * PART)
+        assert none.value.code == READ_ERROR and none.value.temporary  # tried again later
+        assert store.part_buffers.in_use == 0
 
     try:
         trio.run(main)
     finally:
         os.close(fd)
-    assert (tmp_path / "store" / "ckpt.pt").read_bytes() == data
-    buffers = store.part_buffers
-    assert buffers.in_use == 0 and buffers.free == 0  # idle: let go
 
 
 def test_a_cancelled_part_s_buffer_is_dropped_not_reused(tmp_path: Path) -> None:
