@@ -37,6 +37,7 @@ import xxhash
 
 from ckptgw.drain.store import (
     PIECE,
+    Body,
     Described,
     Listing,
     NotFound,
@@ -418,12 +419,7 @@ class FileStore(Store):
         return etag
 
     async def upload_part(
-        self,
-        key: str,
-        upload_id: str,
-        number: int,
-        data: bytes | memoryview,
-        crc32: int | None = None,
+        self, key: str, upload_id: str, number: int, data: Body, crc32: int | None = None
     ) -> str:
         d, what = self._upload_dir(upload_id), f"PART {number} of {key}"
 

@@ -26,6 +26,7 @@ import trio
 
 from ckptgw.drain.store import (
     MAX_PART,
+    Body,
     Described,
     Listing,
     NotFound,
@@ -300,12 +301,7 @@ class RetryingStore(Store):
         )
 
     async def upload_part(
-        self,
-        key: str,
-        upload_id: str,
-        number: int,
-        data: bytes | memoryview,
-        crc32: int | None = None,
+        self, key: str, upload_id: str, number: int, data: Body, crc32: int | None = None
     ) -> str:
         return await self._retry(
             f"part {number} of {key}",

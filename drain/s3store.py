@@ -50,6 +50,7 @@ from ckptgw.drain.store import (
     CREDENTIAL_CODES,
     MAX_COPY,
     PIECE,
+    Body,
     Described,
     Listing,
     NotFound,
@@ -90,7 +91,7 @@ class ChunkedBody:
     """A request body botocore can read, seek and measure, and aiohttp streams in big
     chunks (its async iteration)."""
 
-    def __init__(self, data: bytes | memoryview) -> None:
+    def __init__(self, data: Body) -> None:
         self._data = memoryview(data)
         self._pos = 0
 
@@ -188,7 +189,7 @@ def _pwritev_all(fd: int, buffers: list[bytes], offset: int) -> int:
     return total
 
 
-async def crc32_value(data: bytes | memoryview) -> int:
+async def crc32_value(data: Body) -> int:
     if len(data) <= INLINE_CRC:
         return crc32(data)
     return await trio.to_thread.run_sync(crc32, data)  # releases the GIL: 1.5 ms / 16 MiB
@@ -636,12 +637,7 @@ class S3Store(Store):
         return upload_id
 
     async def upload_part(
-        self,
-        key: str,
-        upload_id: str,
-        number: int,
-        data: bytes | memoryview,
-        crc32: int | None = None,
+        self, key: str, upload_id: str, number: int, data: Body, crc32: int | None = None
     ) -> str:
         crcs = self._crcs.get(upload_id)
         if crcs is None:  # made without CRC32 checksums: its parts carry none
@@ -666,7 +662,7 @@ class S3Store(Store):
         return etag, crc
 
     async def send_part(
-        self, key: str, upload_id: str, number: int, data: bytes | memoryview, crc32: int | None
+        self, key: str, upload_id: str, number: int, data: Body, crc32: int | None
     ) -> str:
         """One UploadPart request, carrying ``crc32`` if given; returns the ETag. What
         :meth:`upload_part` sends, without its bookkeeping (a part worker's request)."""

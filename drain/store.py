@@ -36,6 +36,8 @@ MAX_OBJECT = 5 << 40
 MAX_COPY = 5 << 30  # S3: the largest CopyObject, and the largest UploadPartCopy
 PIECE = 4 << 20  # get_into writes (and reports) a range in pieces of about this size
 
+#: A part's or a PUT's bytes: ``bytes``, or a view of a part buffer (:mod:`drain.partbuffers`).
+Body = bytes | memoryview
 #: ``get_into``'s report: the bytes from the range's start that are in the file now.
 Progress = Callable[[int], None]
 #: ``get_into``'s report of the object as the response describes it (what a HEAD returns).
@@ -262,12 +264,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def upload_part(
-        self,
-        key: str,
-        upload_id: str,
-        number: int,
-        data: bytes | memoryview,
-        crc32: int | None = None,
+        self, key: str, upload_id: str, number: int, data: Body, crc32: int | None = None
     ) -> str:
         """Upload part ``number`` (1-based); returns its ETag. ``crc32``: the part's, if the
         caller computed it (else the store computes what it needs). ``data`` may be a view
@@ -346,9 +343,7 @@ READ_ERROR = "ReadError"
 _TEMPORARY_ERRNOS = frozenset({errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.EINTR})
 
 
-def read_part(
-    fd: int, offset: int, length: int, into: mmap.mmap | None = None
-) -> tuple[bytes | memoryview, int]:
+def read_part(fd: int, offset: int, length: int, into: mmap.mmap | None = None) -> tuple[Body, int]:
     """Bytes [offset, offset + length) of a file and their CRC32: one read for both (the
     CRC32 releases the GIL), into the start of ``into`` if given (a view of it is returned).
     A file that ends sooner: permanent StoreError, code SHORT_FILE; a read that fails:
@@ -356,7 +351,7 @@ def read_part(
     and the rest), so that a part read here or in a part worker fails the same way."""
     try:
         if into is None:
-            data: bytes | memoryview = os.pread(fd, length, offset)
+            data: Body = os.pread(fd, length, offset)
         else:
             if len(into) < length:
                 raise ValueError(f"a {len(into)}-byte buffer for a {length}-byte part")

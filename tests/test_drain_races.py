@@ -29,7 +29,7 @@ from ckptgw.drain.filestore import FileStore
 from ckptgw.drain.listing import ListingConfig, Listings
 from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
 from ckptgw.drain.scheduler import Scheduler
-from ckptgw.drain.store import Listing, ObjectInfo, Store, Upload
+from ckptgw.drain.store import Body, Listing, ObjectInfo, Store, Upload
 from ckptgw.drain.storeurl import parse_store_url
 from ckptgw.drain.upload import META_CHECKSUM, UploadConfig
 from ckptgw.fsops.contentsum import Hasher, parts_checksum
@@ -86,12 +86,7 @@ class GatedStore(FileStore):
         await super().delete(key)
 
     async def upload_part(
-        self,
-        key: str,
-        upload_id: str,
-        number: int,
-        data: bytes | memoryview,
-        crc32: int | None = None,
+        self, key: str, upload_id: str, number: int, data: Body, crc32: int | None = None
     ) -> str:
         if number > 1:
             self.parts_waiting.add(number)

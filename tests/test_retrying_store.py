@@ -20,6 +20,7 @@ import trio.testing
 
 from ckptgw.drain.retry import ABORT_TIMEOUT, RetryingStore, RetryPolicy, RetryStats
 from ckptgw.drain.store import (
+    Body,
     Listing,
     NotFound,
     ObjectInfo,
@@ -163,12 +164,7 @@ class MemoryStore(Store):
         return upload_id
 
     async def upload_part(
-        self,
-        key: str,
-        upload_id: str,
-        number: int,
-        data: bytes | memoryview,
-        crc32: int | None = None,
+        self, key: str, upload_id: str, number: int, data: Body, crc32: int | None = None
     ) -> str:
         await self._enter("upload_part")
         etag = self._etag()
