@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import errno
+import functools
 import mmap
 import os
 from collections.abc import AsyncIterator, Callable
@@ -294,13 +295,10 @@ class Store(abc.ABC):
         buffers.give(buf)
         return etag, crc
 
-    @property
+    @functools.cached_property
     def part_buffers(self) -> PartBuffers:
         """The buffers this store's parts are read into (made at first use)."""
-        buffers = self.__dict__.get("_part_buffers")
-        if buffers is None:
-            buffers = self.__dict__["_part_buffers"] = PartBuffers()
-        return buffers
+        return PartBuffers()
 
     @abc.abstractmethod
     async def copy_part(

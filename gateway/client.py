@@ -22,7 +22,7 @@ from typing import Any
 from ckptgw.gateway import registry
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import FSTYPE, is_stale, mounted_fstype
-from ckptgw.gateway.protocol import PROTOCOL_VERSION, socket_address
+from ckptgw.gateway.protocol import MAX_WAIT, PROTOCOL_VERSION, socket_address, wait_seconds
 from ckptgw.gateway.render import entries as entries  # re-exported: the CLI words counts
 from ckptgw.gateway.render import files as files
 from ckptgw.gateway.render import size
@@ -30,15 +30,6 @@ from ckptgw.gateway.render import size
 CONNECT_TIMEOUT = 30.0
 LONG_POLL = 10.0  # seconds a wait without a progress bar lets each ``pending`` request wait
 BAR_POLL = 1.0  # and with one drawn (it answers at once when nothing is left either way)
-MAX_WAIT = 60.0  # the daemon waits no longer (gateway.status.MAX_WAIT)
-
-
-def _waits(wait: object) -> float:
-    """How long a request's ``wait`` may keep the daemon from answering (a bad one: not at
-    all, the daemon refuses it)."""
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0:
-        return 0.0
-    return min(float(wait), MAX_WAIT)
 
 
 class NotRunning(UserError):
@@ -63,8 +54,10 @@ class Mount:
         path = self.entry.control
         if not path:
             raise NotRunning(f"the gateway for {self.mountpoint} has no control socket")
+        # A ``pending`` may wait in the daemon first (a bad wait: none, the daemon refuses it).
+        timeout = CONNECT_TIMEOUT + min(wait_seconds(args.get("wait", 0)) or 0.0, MAX_WAIT)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(CONNECT_TIMEOUT + _waits(args.get("wait")))
+            s.settimeout(timeout)
             try:
                 with socket_address(path) as address:
                     s.connect(address)
@@ -82,8 +75,7 @@ class Mount:
                 ) from None
             except TimeoutError:
                 raise UserError(
-                    f"the gateway for {self.mountpoint} did not answer in "
-                    f"{CONNECT_TIMEOUT + _waits(args.get('wait')):.0f} s"
+                    f"the gateway for {self.mountpoint} did not answer in {timeout:.0f} s"
                 ) from None
             except PermissionError:
                 raise UserError(

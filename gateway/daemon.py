@@ -52,7 +52,7 @@ from ckptgw.gateway.control import ControlServer, RequestError, socket_path
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import prepare_mountpoint
 from ckptgw.gateway.preemption import PreemptionWatcher, WatchConfig
-from ckptgw.gateway.protocol import Readiness
+from ckptgw.gateway.protocol import Readiness, wait_seconds
 from ckptgw.gateway.status import PathError, Reporter
 from ckptgw.gateway.storecheck import explain, may_come_right
 from ckptgw.gateway.storeplace import local_store, local_store_problem, local_store_warning
@@ -361,10 +361,10 @@ def _checkpoint(lifecycle: Lifecycle, request: dict[str, Any]) -> str:
 
 def _wait(request: dict[str, Any]) -> float:
     """A request's ``wait``: seconds, 0 if not given."""
-    wait = request.get("wait", 0)
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:
-        raise RequestError(f"wait must be a number of seconds, not {wait!r}")
-    return float(wait)
+    wait = wait_seconds(request.get("wait", 0))
+    if wait is None:
+        raise RequestError(f"wait must be a number of seconds, not {request['wait']!r}")
+    return wait
 
 
 def _run(request: dict[str, Any]) -> str | None:

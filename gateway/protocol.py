@@ -21,6 +21,9 @@ PROTOCOL_VERSION = 1
 # warning) or ``error: ...``.
 READY_FD_ENV = "CKPTGW_READY_FD"
 
+# The longest a ``pending`` request may ``wait`` in the daemon before it answers, in seconds.
+MAX_WAIT = 60.0
+
 _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 
@@ -67,3 +70,10 @@ class Readiness:
 
     def failed(self, message: str) -> None:
         self._send(f"error: {message}")
+
+
+def wait_seconds(value: object) -> float | None:
+    """A ``pending`` request's ``wait`` as seconds (a number >= 0), or None if it is not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        return None
+    return float(value)

@@ -29,9 +29,9 @@ from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import InodeRow, State
 from ckptgw.gateway.checkpointrows import checkpoint_rows
 from ckptgw.gateway.nfsserve import read_state
+from ckptgw.gateway.protocol import MAX_WAIT
 
 STATUS_VERSION = 1
-MAX_WAIT = 60.0  # the longest a ``pending`` request may wait (its client's socket waits longer)
 RECHECK = 1.0  # a waiting ``pending`` asks again at least this often
 SPACING = 0.02  # and never sooner than this after any ask
 
