@@ -243,6 +243,8 @@ class OpenFiles:
                     self._kernel_writers.pop(ino.id, None)
                     self._grew_at.pop(ino.id, None)
                     self.states.quiet(ino)
+                    if h.backing:  # its close may have sent no FLUSH (Passthrough.flush_skipped)
+                        self.path.check_room(self._writers_quiet())
             self.table.close_fd(ino)
             self.table.release_if_unused(ino)
 

@@ -70,14 +70,6 @@ def _fuse_boundary(cls: _C) -> _C:
     return cls
 
 
-def _file_info(fh: int, backing_id: int) -> pyfuse3.FileInfo:
-    if backing_id:  # the kernel reads and writes the cache file (fsops.passthrough)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=backing_id)
-    # An inode's content only changes through this mount (a rewrite from elsewhere gets a
-    # new inode): the kernel may keep its pages.
-    return pyfuse3.FileInfo(fh=fh, keep_cache=True)
-
-
 @_fuse_boundary
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
@@ -250,13 +242,24 @@ class Operations(pyfuse3.Operations):
         if self.files.path.active and self.files.path.kernel_writes(True, rdwr):
             await self.space.admit()  # before the name exists (a writer on the kernel's path)
         ino = self.ns.create_file(parent_inode, name, mode, ctx)
-        return _file_info(*await self.files.open(ino, flags)), self.attrs(ino)
+        return self._file_info(*await self.files.open(ino, flags), flags), self.attrs(ino)
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         ino = self.table.get(inode)
         if ino.state is State.REMOTE:
             await self.remote.prepare_open(ino, flags)
-        return _file_info(*await self.files.open(ino, flags))
+        return self._file_info(*await self.files.open(ino, flags), flags)
+
+    def _file_info(self, fh: int, backing_id: int, flags: int) -> pyfuse3.FileInfo:
+        if not backing_id:
+            # An inode's content only changes through this mount (a rewrite from elsewhere
+            # gets a new inode): the kernel may keep its pages.
+            return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+        # The kernel reads and writes the cache file (fsops.passthrough).
+        info = pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=backing_id)
+        if self.files.path.flush_skipped((flags & os.O_ACCMODE) != os.O_RDONLY):
+            info.noflush = True
+        return info
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         ino = self.files.handle(fh).inode

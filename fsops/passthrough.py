@@ -23,9 +23,9 @@ The disk reserve (the room the journal always has) cannot be checked write by wr
 kernel writes: it is held as a file instead, and given back to the journal when the disk
 fills (:meth:`Passthrough.check_room`).
 
-The daemon still sees open, flush, fsync, release, getattr and setattr, which is where it
-learns what the kernel wrote: :meth:`fsops.files.OpenFiles.observe` reads the cache file's
-size and mtime.
+The daemon still sees open, fsync, release, getattr and setattr, which is where it learns
+what the kernel wrote: :meth:`fsops.files.OpenFiles.observe` reads the cache file's size and
+mtime. It sees FLUSH (at each ``close()``) only where :meth:`Passthrough.flush_skipped` says so.
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ PASSTHROUGH = "passthrough"
 DAEMON = "daemon"
 _MIN_KERNEL = (6, 9)
 _CAP_SYS_ADMIN = 21
+# A writer opened with less than this free on the cache disk (or four reserves, if more) keeps
+# its FLUSH: it may fill the disk (see Passthrough.flush_skipped).
+FLUSH_HEADROOM = 1 << 30
+# FileInfo.noflush came to the patch later: a venv built before has passthrough without it.
+NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 
 
 def _kernel() -> tuple[int, int]:
@@ -155,6 +160,20 @@ class Passthrough:
             self.low = not self.cache.held and not self.cache.hold_reserve()
             if not self.low:
                 log.info("cache disk has room again: writers use passthrough")
+
+    def flush_skipped(self, writable: bool) -> bool:
+        """Whether a passthrough open's ``close()`` may go without FLUSH: the kernel then sends
+        only RELEASE, after ``close()`` has returned, one round trip fewer per file (0.1-0.2
+        ms on 2 cores). What FLUSH does here, RELEASE does too (the size and mtime the kernel
+        wrote, the attributes journaled, the reserve), but after ``close()`` has returned. So
+        a writer keeps its FLUSH while the cache disk has less than :data:`FLUSH_HEADROOM`
+        free: it may fill the disk, and its ``close()`` must not return before the reserve
+        is the journal's again (:meth:`check_room`)."""
+        if not NOFLUSH:
+            return False
+        if not writable:
+            return True
+        return self.cache.free_bytes() >= max(FLUSH_HEADROOM, 4 * self.cache.reserve_bytes)
 
     def kernel_writes(self, writable: bool, rdwr: bool) -> bool:
         """Whether a new open (of an inode without opens on either path) may take the

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ckptgw.fsops.passthrough import FLUSH_HEADROOM, NOFLUSH, PASSTHROUGH
 from tests.conftest import CheckedGateway, GatewayFactory, needs_fuse
 from tests.test_drain import wait_for
 
@@ -55,11 +56,12 @@ def free_bytes(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def write_until_full(path: Path, chunk: bytes) -> int:
-    """Write, flush and fsync until something says ENOSPC; return the errno seen."""
+def write_until_full(path: Path, chunk: bytes, most: int = 1000) -> int:
+    """Write (at most ``most`` chunks) and fsync until something says ENOSPC; return the
+    errno seen."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        for _ in range(1000):
+        for _ in range(most):
             os.write(fd, chunk)
         os.fsync(fd)
     except OSError as e:
@@ -98,3 +100,46 @@ def test_full_cache_disk_gives_enospc_and_keeps_the_journal(
     assert (mnt / "keep.pt").read_bytes() == keep
     assert (mnt / "after.pt").read_bytes() == b"space is back"
     assert (mnt / "dir-after-full").is_dir()
+
+
+def test_a_writer_whose_close_sent_no_flush_gives_the_reserve_back_at_release(
+    gateway: GatewayFactory, tmp_path: Path, data_path: str
+) -> None:
+    """Opened with room (passthrough.FLUSH_HEADROOM), a writer's close sends no FLUSH: if it
+    then filled the disk, its RELEASE, which comes after close() has returned and before
+    the writer's next request, gives the reserve back to the journal."""
+    if data_path != PASSTHROUGH or not NOFLUSH:
+        pytest.skip("a close without FLUSH is the kernel's path's (passthrough)")
+    if os.geteuid() != 0:
+        pytest.skip("mounting a filesystem needs root")
+    disk = tmp_path / "roomy"
+    disk.mkdir()
+    size = FLUSH_HEADROOM + (64 << 20)  # in memory: tmpfs
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True)
+    try:
+        cfg = tmp_path / "roomy.toml"
+        cfg.write_text(f'[cache]\ndir = "{disk / "cache"}"\nreserve = "8MiB"\nwrite_wait = 1.0\n')
+        gw = gateway("roomy", "--config", str(cfg), start=False)
+        gw.cache_dir = disk / "cache"
+        gw.start()
+        try:
+            mnt = gw.mountpoint
+            flushes = gw.status()["requests"].get("flush", {}).get("count", 0)
+            chunks = (size >> 20) + 64
+            assert write_until_full(mnt / "big.pt", os.urandom(1 << 20), chunks) == errno.ENOSPC
+            # The writer's next request (this mkdir, which the journal must commit) comes
+            # after its RELEASE: the reserve is the journal's again by then.
+            (mnt / "dir-after-full").mkdir()
+            assert free_bytes(disk) >= 4 << 20
+            assert gw.status()["requests"].get("flush", {}).get("count", 0) == flushes
+            os.unlink(mnt / "big.pt")
+            wait_for("the space of the unlinked file", lambda: free_bytes(mnt) >= 32 << 20)
+            (mnt / "after.pt").write_bytes(b"space is back")
+            gw.stop()
+            gw.start()
+            assert (mnt / "after.pt").read_bytes() == b"space is back"
+            assert (mnt / "dir-after-full").is_dir()
+        finally:
+            gw.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

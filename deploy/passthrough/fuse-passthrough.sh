@@ -6,8 +6,9 @@
 # libfuse comes from Debian's own source package of the trixie release (Debian 12 ships 3.14,
 # which has no passthrough), fetched with apt-get from the mirror this machine's apt sources
 # already name, built with meson + ninja into VENV/fuse. pyfuse3 3.5.0 is built from its sdist
-# with deploy/passthrough/pyfuse3-passthrough.patch (backing ids, FileInfo.backing_id, the INIT
-# flag; small enough to offer upstream), linked to VENV/fuse/lib by rpath. Takes ~30 s.
+# with deploy/passthrough/pyfuse3-passthrough.patch (backing ids, FileInfo.backing_id and
+# noflush, the INIT flag; small enough to offer upstream), linked to VENV/fuse/lib by rpath.
+# Takes ~30 s.
 # FUSE_EXAMPLES=1 (make floor-tools) also builds libfuse's passthrough_hp into VENV/fuse/bin,
 # which the benchmark's floor section runs beside ckptgw.
 set -euo pipefail
