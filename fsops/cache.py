@@ -198,7 +198,7 @@ class CacheFiles:
         self.fs_type = fs_type(self.data)
         self.entries_need_sync = self.fs_type not in ENTRY_DURABLE_WITH_FILE | NOT_PERSISTENT
         self.syncs = SyncStats()
-        self._shards: set[str] = set()  # shard directories known to exist
+        self._make_shards()
         self._vfs: os.statvfs_result | None = None
         self._vfs_at = 0.0
 
@@ -221,6 +221,18 @@ class CacheFiles:
     def _shard(inode: int) -> str:
         return f"{inode % 256:02x}"
 
+    def _make_shards(self) -> None:
+        """The 256 shard directories, made where missing (a fresh cache) at mount, and their
+        entries made durable: made at the first create of each instead, they cost a sharded
+        save 0.5 ms for each of its first 256 files."""
+        have = set(os.listdir(self._dirfd))
+        missing = [s for s in map(self._shard, range(256)) if s not in have]
+        for shard in missing:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(shard, 0o700, dir_fd=self._dirfd)
+        if missing:
+            os.fsync(self._dirfd)
+
     def _rel(self, inode: int) -> str:
         return f"{self._shard(inode)}/{inode}"
 
@@ -233,11 +245,6 @@ class CacheFiles:
         a descriptor of it. Blocking: under write load, creating an inode waits for the disk
         (1-2 ms measured), so a caller on the event loop runs this in a thread."""
         self.disk_changed()  # (O_TRUNC frees the blocks of a stale file of that number)
-        shard = self._shard(inode)
-        if shard not in self._shards:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(shard, 0o700, dir_fd=self._dirfd)
-            self._shards.add(shard)
         fd = os.open(
             self._rel(inode),
             os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
