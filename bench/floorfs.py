@@ -2,8 +2,10 @@
 
 It is built as ckptgw's own mount is (pyfuse3 and trio, ``default_permissions``, kernel
 passthrough for the data where this pyfuse3 has it), with none of ckptgw's work: no
-journal, no cache accounting, no drain; and it fsyncs on the event loop's own thread, the
-least a pyfuse3 daemon can do (ckptgw does so for small files when nothing else waits).
+journal, no cache accounting, no drain; it fsyncs on the event loop's own thread (ckptgw
+does so for small files when nothing else waits), and a passthrough open's close sends no
+FLUSH (as ckptgw's, where the pyfuse3 has ``FileInfo.noflush``): the least a pyfuse3 daemon
+can do.
 What a sharded save costs through it is what pyfuse3 and trio cost on this machine, request
 by request; the ``floor`` section of :mod:`bench.suite` puts it beside the disk, libfuse's
 own C example (``passthrough_hp``) and ckptgw. It keeps its inodes in memory, has no hard
@@ -25,6 +27,7 @@ import pyfuse3
 import trio
 
 _C = TypeVar("_C", bound=type)
+NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 
 
 def _error(e: OSError) -> pyfuse3.FUSEError:
@@ -153,7 +156,10 @@ class Floor(pyfuse3.Operations):
             os.close(fd)
             raise
         self.backing[fd] = bid
-        return pyfuse3.FileInfo(fh=fd, keep_cache=False, backing_id=bid)
+        info = pyfuse3.FileInfo(fh=fd, keep_cache=False, backing_id=bid)
+        if NOFLUSH:
+            info.noflush = True  # close() sends no FLUSH, as ckptgw's passthrough opens
+        return info
 
     async def create(
         self, parent: int, name: bytes, mode: int, flags: int, ctx: Any
@@ -175,7 +181,7 @@ class Floor(pyfuse3.Operations):
         (os.fdatasync if datasync else os.fsync)(fh)
 
     async def flush(self, fh: int) -> None:
-        os.fstat(fh)  # (ckptgw learns here what the kernel wrote)
+        os.fstat(fh)  # (ckptgw learns here what the kernel wrote; at release if no flush)
 
     async def release(self, fh: int) -> None:
         bid = self.backing.pop(fh, 0)
