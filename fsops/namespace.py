@@ -375,7 +375,9 @@ class Namespace:
     # -- extended attributes -------------------------------------------------------------------
     # Stored in the journal and drained in the object's metadata (fsops.objectmeta). Only the
     # "user." namespace: "system.*" (POSIX ACLs) would not be enforced here (no enable_acl),
-    # and "trusted.*"/"security.*" mean something to this node's kernel only.
+    # and "trusted.*"/"security.*" mean something to this node's kernel only. Asking for any
+    # other name is ENOTSUP, not ENODATA, as setting it is: `ls -l` then asks once per mount
+    # (coreutils remembers a filesystem without SELinux labels or ACLs) instead of twice a file.
 
     @staticmethod
     def _check_xattr_name(name: bytes) -> None:
@@ -383,6 +385,7 @@ class Namespace:
             raise fs_error(errno.ENOTSUP)
 
     def getxattr(self, inode: int, name: bytes) -> bytes:
+        self._check_xattr_name(name)
         value = self.journal.get_xattr(self.table.get(inode).id, name)
         if value is None:
             raise fs_error(pyfuse3.ENOATTR)
@@ -415,6 +418,7 @@ class Namespace:
         return list(self.journal.list_xattrs(self.table.get(inode).id))
 
     async def removexattr(self, inode: int, name: bytes) -> None:
+        self._check_xattr_name(name)
         ino = self.table.get(inode)
         with self.journal.transaction():
             if not self.journal.remove_xattr(ino.id, name):

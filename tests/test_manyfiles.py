@@ -11,6 +11,7 @@ import os
 import random
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,6 +140,31 @@ def test_a_missing_name_is_asked_once_and_a_create_replaces_the_answer(
     assert not missing.exists() and (d / "renamed").read_bytes() == b"meta"
     os.symlink("renamed", missing)
     assert missing.read_bytes() == b"meta"
+
+
+@any_data_path
+def test_ls_l_of_a_checkpoint_asks_for_no_extended_attribute_per_file(
+    gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    """`ls -l` asks each file for its SELinux label and its ACL; the mount has neither
+    (ENOTSUP, which coreutils remembers per filesystem), so it asks once, not twice a file."""
+    ls = shutil.which("ls")
+    if ls is None:
+        pytest.skip("no ls")
+    gw = quiet_gateway(gateway, tmp_path)
+    d = gw.mountpoint / "step_9"
+    d.mkdir()
+    n = 300
+    for i in range(n):
+        (d / f"__{i}_0.distcp").write_bytes(b"x" * i)
+    os.setxattr(d / "__1_0.distcp", "user.step", b"9")  # the "user." namespace still works
+    before = counters(gw)
+    out = subprocess.run([ls, "-l", str(d)], capture_output=True, text=True, check=True)
+    req = delta(before, counters(gw), "requests")
+    lines = [ln for ln in out.stdout.splitlines() if ln.endswith(".distcp")]
+    assert len(lines) == n and all(ln.startswith("-rw-") for ln in lines), out.stdout[:300]
+    assert req.get("getxattr", 0) <= 4, req
+    assert os.getxattr(d / "__1_0.distcp", "user.step") == b"9"
 
 
 def _free_port() -> int:

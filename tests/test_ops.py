@@ -415,9 +415,12 @@ def test_xattrs(fs: Filesystem) -> None:
     trio.run(fs.namespace.removexattr, ino, b"user.step")
     assert errno_of(fs.namespace.getxattr, ino, b"user.step") == pyfuse3.ENOATTR
     assert errno_of(trio.run, fs.namespace.removexattr, ino, b"user.step") == pyfuse3.ENOATTR
-    # Only "user.": the others would mean something to this node's kernel only.
-    for name in (b"system.posix_acl_access", b"trusted.x", b"security.x"):
+    # Only "user.": the others would mean something to this node's kernel only; reading or
+    # removing one says so too (not "no such attribute": ls caches ENOTSUP per filesystem).
+    for name in (b"system.posix_acl_access", b"trusted.x", b"security.x", b"security.selinux"):
         assert errno_of(trio.run, fs.namespace.setxattr, ino, name, b"") == errno.ENOTSUP
+        assert errno_of(fs.namespace.getxattr, ino, name) == errno.ENOTSUP
+        assert errno_of(trio.run, fs.namespace.removexattr, ino, name) == errno.ENOTSUP
     # They travel in the object's metadata, so they must fit there: refused, never kept
     # on this node only.
     trio.run(fs.namespace.setxattr, ino, b"user.a", b"x" * 1000)
