@@ -227,12 +227,17 @@ class OpenFiles:
             self.table.persist(ino)
 
     def release(self, fh: int) -> None:
+        # No await: pyfuse3 reads the next request only once a handler awaits, so a RELEASE
+        # is done before any request the closing process sends after close() (see
+        # Passthrough.flush_skipped).
         h = self._handles.pop(fh, None)
         if h is None:
             return
         ino = h.inode
         try:
-            self.observe(ino)
+            # As FLUSH (which a passthrough open's close may not send): the reserve goes back
+            # before the journal writes, should this writer have filled the disk.
+            self.observe(ino, closing=h.writable and ino.writers == 1)
             if (ino.attrs_dirty or ino.atime_dirty) and ino.parent is not None:
                 self.table.persist(ino)
         finally:  # the open ends whatever failed above
@@ -243,8 +248,6 @@ class OpenFiles:
                     self._kernel_writers.pop(ino.id, None)
                     self._grew_at.pop(ino.id, None)
                     self.states.quiet(ino)
-                    if h.backing:  # its close may have sent no FLUSH (Passthrough.flush_skipped)
-                        self.path.check_room(self._writers_quiet())
             self.table.close_fd(ino)
             self.table.release_if_unused(ino)
 

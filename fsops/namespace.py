@@ -27,7 +27,7 @@ import pyfuse3
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
 from ckptgw.fsops.journal import InodeRow, Journal, State
 from ckptgw.fsops.names import KeyRules
-from ckptgw.fsops.objectmeta import xattrs_fit
+from ckptgw.fsops.objectmeta import XATTR_NAMESPACE, xattrs_fit
 from ckptgw.fsops.space import CacheSpace
 from ckptgw.fsops.state import FileStates
 from ckptgw.fsops.storekeys import StoreKeys
@@ -381,7 +381,7 @@ class Namespace:
 
     @staticmethod
     def _check_xattr_name(name: bytes) -> None:
-        if not name.startswith(b"user."):
+        if not name.startswith(XATTR_NAMESPACE):
             raise fs_error(errno.ENOTSUP)
 
     def getxattr(self, inode: int, name: bytes) -> bytes:

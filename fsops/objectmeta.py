@@ -57,6 +57,11 @@ class EntryMeta:
     part_size: int | None = None
 
 
+# The one namespace of extended attributes kept (fsops.namespace): the others mean something
+# to one node's kernel only, and one read from a foreign object's metadata is left out.
+XATTR_NAMESPACE = b"user."
+
+
 def encode_xattrs(xattrs: Iterable[tuple[bytes, bytes]]) -> str:
     """One metadata value: (name length, name, value length, value)... in base64url."""
     raw = b"".join(
@@ -155,5 +160,6 @@ def decode(metadata: dict[str, str]) -> EntryMeta:
     if "rdev" in metadata:
         m.rdev = int(metadata["rdev"])
     if "xattrs" in metadata:
-        m.xattrs = decode_xattrs(metadata["xattrs"])
+        pairs = decode_xattrs(metadata["xattrs"]).items()
+        m.xattrs = {n: v for n, v in pairs if n.startswith(XATTR_NAMESPACE)}
     return m

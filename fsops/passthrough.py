@@ -173,7 +173,11 @@ class Passthrough:
             return False
         if not writable:
             return True
-        return self.cache.free_bytes() >= max(FLUSH_HEADROOM, 4 * self.cache.reserve_bytes)
+        try:
+            free = self.cache.free_bytes()
+        except OSError:  # (the open is already made: FLUSH is the safe answer, not an error)
+            return False
+        return free >= max(FLUSH_HEADROOM, 4 * self.cache.reserve_bytes)
 
     def kernel_writes(self, writable: bool, rdwr: bool) -> bool:
         """Whether a new open (of an inode without opens on either path) may take the

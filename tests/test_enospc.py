@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckptgw.fsops.passthrough import FLUSH_HEADROOM, NOFLUSH, PASSTHROUGH
-from tests.conftest import CheckedGateway, GatewayFactory, needs_fuse
+from tests.conftest import CheckedGateway, GatewayFactory, needs_fuse, wait_data_path
 from tests.test_drain import wait_for
 
 pytestmark = [pytest.mark.mount, needs_fuse]
@@ -102,44 +102,56 @@ def test_full_cache_disk_gives_enospc_and_keeps_the_journal(
     assert (mnt / "dir-after-full").is_dir()
 
 
-def test_a_writer_whose_close_sent_no_flush_gives_the_reserve_back_at_release(
-    gateway: GatewayFactory, tmp_path: Path, data_path: str
-) -> None:
-    """Opened with room (passthrough.FLUSH_HEADROOM), a writer's close sends no FLUSH: if it
-    then filled the disk, its RELEASE, which comes after close() has returned and before
-    the writer's next request, gives the reserve back to the journal."""
+@pytest.fixture
+def roomy_disk(tmp_path: Path, data_path: str) -> Iterator[Path]:
+    """A tmpfs with just more than passthrough.FLUSH_HEADROOM free (in memory: about 1.1 GiB
+    while a test fills it)."""
     if data_path != PASSTHROUGH or not NOFLUSH:
         pytest.skip("a close without FLUSH is the kernel's path's (passthrough)")
     if os.geteuid() != 0:
         pytest.skip("mounting a filesystem needs root")
-    disk = tmp_path / "roomy"
-    disk.mkdir()
-    size = FLUSH_HEADROOM + (64 << 20)  # in memory: tmpfs
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], check=True)
+    d = tmp_path / "roomy"
+    d.mkdir()
+    size = FLUSH_HEADROOM + (64 << 20)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], check=True)
     try:
-        cfg = tmp_path / "roomy.toml"
-        cfg.write_text(f'[cache]\ndir = "{disk / "cache"}"\nreserve = "8MiB"\nwrite_wait = 1.0\n')
-        gw = gateway("roomy", "--config", str(cfg), start=False)
-        gw.cache_dir = disk / "cache"
-        gw.start()
-        try:
-            mnt = gw.mountpoint
-            flushes = gw.status()["requests"].get("flush", {}).get("count", 0)
-            chunks = (size >> 20) + 64
-            assert write_until_full(mnt / "big.pt", os.urandom(1 << 20), chunks) == errno.ENOSPC
-            # The writer's next request (this mkdir, which the journal must commit) comes
-            # after its RELEASE: the reserve is the journal's again by then.
-            (mnt / "dir-after-full").mkdir()
-            assert free_bytes(disk) >= 4 << 20
-            assert gw.status()["requests"].get("flush", {}).get("count", 0) == flushes
-            os.unlink(mnt / "big.pt")
-            wait_for("the space of the unlinked file", lambda: free_bytes(mnt) >= 32 << 20)
-            (mnt / "after.pt").write_bytes(b"space is back")
-            gw.stop()
-            gw.start()
-            assert (mnt / "after.pt").read_bytes() == b"space is back"
-            assert (mnt / "dir-after-full").is_dir()
-        finally:
-            gw.stop()
+        yield d
     finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+@pytest.fixture
+def roomy_gateway(roomy_disk: Path, gateway: GatewayFactory, tmp_path: Path) -> CheckedGateway:
+    """Set up after roomy_disk, so it is stopped (and its log checked) before the disk goes."""
+    cfg = tmp_path / "roomy.toml"
+    cfg.write_text(f'[cache]\ndir = "{roomy_disk / "cache"}"\nreserve = "8MiB"\nwrite_wait = 1.0\n')
+    gw = gateway("roomy", "--config", str(cfg), start=False)
+    gw.cache_dir = roomy_disk / "cache"
+    gw.start()
+    wait_data_path(gw, PASSTHROUGH)
+    return gw
+
+
+def test_a_writer_whose_close_sent_no_flush_gives_the_reserve_back_at_release(
+    roomy_gateway: CheckedGateway, roomy_disk: Path
+) -> None:
+    """Opened with room (passthrough.FLUSH_HEADROOM), a writer's close sends no FLUSH: if it
+    then filled the disk, its RELEASE, which comes after close() has returned and before
+    the writer's next request, gives the reserve back to the journal."""
+    gw = roomy_gateway
+    mnt = gw.mountpoint
+    flushes = gw.status()["requests"].get("flush", {}).get("count", 0)
+    chunks = (FLUSH_HEADROOM >> 20) + 128
+    assert write_until_full(mnt / "big.pt", os.urandom(1 << 20), chunks) == errno.ENOSPC
+    # The writer's next request (this mkdir, which the journal must commit) comes after its
+    # RELEASE: the reserve is the journal's again by then.
+    (mnt / "dir-after-full").mkdir()
+    assert free_bytes(roomy_disk) >= 4 << 20
+    assert gw.status()["requests"].get("flush", {}).get("count", 0) == flushes
+    os.unlink(mnt / "big.pt")
+    wait_for("the space of the unlinked file", lambda: free_bytes(mnt) >= 32 << 20)
+    (mnt / "after.pt").write_bytes(b"space is back")
+    gw.stop()
+    gw.start()
+    assert (mnt / "after.pt").read_bytes() == b"space is back"
+    assert (mnt / "dir-after-full").is_dir()

@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from ckptgw.fsops import files as files_mod
+from ckptgw.fsops import objectmeta
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal import ROOT_INODE, JournalError, State
 from ckptgw.fsops.namespace import AttrChange
@@ -421,6 +422,11 @@ def test_xattrs(fs: Filesystem) -> None:
         assert errno_of(trio.run, fs.namespace.setxattr, ino, name, b"") == errno.ENOTSUP
         assert errno_of(fs.namespace.getxattr, ino, name) == errno.ENOTSUP
         assert errno_of(trio.run, fs.namespace.removexattr, ino, name) == errno.ENOTSUP
+    # ...and one in a foreign object's metadata is left out when it is read.
+    pairs = [(b"user.a", b"1"), (b"security.selinux", b"x"), (b"trusted.t", b"2")]
+    assert objectmeta.decode({"xattrs": objectmeta.encode_xattrs(pairs)}).xattrs == {
+        b"user.a": b"1"
+    }
     # They travel in the object's metadata, so they must fit there: refused, never kept
     # on this node only.
     trio.run(fs.namespace.setxattr, ino, b"user.a", b"x" * 1000)
