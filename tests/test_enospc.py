@@ -41,14 +41,20 @@ def small_disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]
         subprocess.run(["umount", "-l", str(d)], check=False)
 
 
+def gateway_on(disk: Path, gateway: GatewayFactory, tmp_path: Path) -> CheckedGateway:
+    """A started gateway whose cache is on ``disk``, with an 8 MiB reserve. Its fixture is
+    set up after the disk's, so that it is stopped (and its log checked) before the disk
+    is unmounted."""
+    cfg = tmp_path / f"{disk.name}.toml"
+    cfg.write_text(f'[cache]\ndir = "{disk / "cache"}"\nreserve = "8MiB"\nwrite_wait = 1.0\n')
+    gw = gateway(disk.name, "--config", str(cfg), start=False)
+    gw.cache_dir = disk / "cache"
+    return gw.start()
+
+
 @pytest.fixture
 def small_gateway(small_disk: Path, gateway: GatewayFactory, tmp_path: Path) -> CheckedGateway:
-    """Set up after small_disk, so it is stopped before the disk is unmounted."""
-    cfg = tmp_path / "small.toml"
-    cfg.write_text(f'[cache]\ndir = "{small_disk / "cache"}"\nreserve = "8MiB"\nwrite_wait = 1.0\n')
-    gw = gateway("small", "--config", str(cfg), start=False)
-    gw.cache_dir = small_disk / "cache"
-    return gw.start()
+    return gateway_on(small_disk, gateway, tmp_path)
 
 
 def free_bytes(path: Path) -> int:
@@ -122,12 +128,7 @@ def roomy_disk(tmp_path: Path, data_path: str) -> Iterator[Path]:
 
 @pytest.fixture
 def roomy_gateway(roomy_disk: Path, gateway: GatewayFactory, tmp_path: Path) -> CheckedGateway:
-    """Set up after roomy_disk, so it is stopped (and its log checked) before the disk goes."""
-    cfg = tmp_path / "roomy.toml"
-    cfg.write_text(f'[cache]\ndir = "{roomy_disk / "cache"}"\nreserve = "8MiB"\nwrite_wait = 1.0\n')
-    gw = gateway("roomy", "--config", str(cfg), start=False)
-    gw.cache_dir = roomy_disk / "cache"
-    gw.start()
+    gw = gateway_on(roomy_disk, gateway, tmp_path)
     wait_data_path(gw, PASSTHROUGH)
     return gw
 
