@@ -685,10 +685,21 @@ class Journal:
             row = self.lookup(row.id, name.encode())
         return row
 
-    def files_under(self, inode: int, *, dirs: bool = False) -> list[tuple[InodeRow, str]]:
+    def files_under(
+        self, inode: int, *, dirs: bool = False, maybe_pending: bool = False
+    ) -> list[tuple[InodeRow, str]]:
         """Every entry below a directory but directories (regular files, symlinks, special
-        files; with ``dirs``, directories too), with its path relative to it ("a/b")."""
+        files; with ``dirs``, directories too), with its path relative to it ("a/b"). With
+        ``maybe_pending``, only those that may not be durable: dirty or uploading, or stored
+        under a key a pending store operation touches (drain.engine.DrainEngine.durability);
+        a `pending` of a large checkpoint then builds rows only for what is left to drain."""
         cols = ", ".join(f"i.{c.strip()}" for c in _INODE_COLS.split(","))
+        pending = (
+            f""" AND (i.state IN ('{State.DIRTY}', '{State.UPLOADING}') OR i.stored_key IN (
+                SELECT src FROM store_ops UNION SELECT dst FROM store_ops))"""
+            if maybe_pending
+            else ""
+        )
         rows = self.db.execute(
             f"""
             WITH RECURSIVE sub(id, rel) AS (
@@ -698,7 +709,7 @@ class Journal:
                   FROM inodes i JOIN sub ON i.parent = sub.id
             )
             SELECT {cols}, sub.rel FROM sub JOIN inodes i ON i.id = sub.id
-             WHERE ? OR (i.mode & {stat.S_IFMT(0xFFFFFFFF)}) != {stat.S_IFDIR}
+             WHERE (? OR (i.mode & {stat.S_IFMT(0xFFFFFFFF)}) != {stat.S_IFDIR}){pending}
             """,
             (inode, dirs),
         ).fetchall()

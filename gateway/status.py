@@ -84,9 +84,12 @@ class Reporter:
 
     # -- files -----------------------------------------------------------------------------------
 
-    def files(self, path: str = "", *, dirs: bool = False) -> list[tuple[InodeRow, FileView]]:
+    def files(
+        self, path: str = "", *, dirs: bool = False, maybe_pending: bool = False
+    ) -> list[tuple[InodeRow, FileView]]:
         """Every entry at or below ``path`` but directories (with ``dirs``: and directories,
-        whose markers the store keeps too), with its durability."""
+        whose markers the store keeps too), with its durability; with ``maybe_pending``, at
+        least those not durable (Journal.files_under)."""
         row = self.fs.journal.resolve(path)
         if row is None:
             raise PathError(f"{self.mountpoint / path}: no such file or directory")
@@ -96,7 +99,9 @@ class Reporter:
         else:
             found = [
                 (r, f"{prefix}/{rel}" if prefix else rel)
-                for r, rel in self.fs.journal.files_under(row.id, dirs=dirs)
+                for r, rel in self.fs.journal.files_under(
+                    row.id, dirs=dirs, maybe_pending=maybe_pending
+                )
             ]
             if dirs and row.parent is not None:
                 found.append((row, prefix))
@@ -122,7 +127,7 @@ class Reporter:
         seen: dict[int, dict[str, Any]] = {}
         in_flight = 0
         for path in paths or [""]:
-            for row, view in self.files(path, dirs=True):
+            for row, view in self.files(path, dirs=True, maybe_pending=True):
                 if view.state != DURABLE and row.id not in seen:
                     upload = self.engine.upload_of(row.id)
                     if view.moving:
@@ -184,7 +189,10 @@ class Reporter:
             self.engine.flush()
         else:
             inodes = [
-                row.id for p in paths for row, v in self.files(p, dirs=True) if v.state != DURABLE
+                row.id
+                for p in paths
+                for row, v in self.files(p, dirs=True, maybe_pending=True)
+                if v.state != DURABLE
             ]
             self.engine.flush(inodes)
         return self.pending(paths)

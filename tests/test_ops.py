@@ -654,3 +654,26 @@ def test_a_fresh_cache_has_every_shard_directory_and_a_lost_one_comes_back(
         check_consistent(f)
     finally:
         f.close()
+
+
+def test_entries_that_may_be_pending_are_every_entry_not_durable(fs: Filesystem) -> None:
+    """`pending` of a large checkpoint reads only the entries that may not be durable: the
+    same ones drain.engine.DrainEngine.durability does not call durable."""
+    d = fs.namespace.mkdir(ROOT_INODE, b"step_7", 0o755, ME)
+    ids = {name: write_file(fs, d.id, name, b"x") for name in (b"a", b"b", b"c", b"d")}
+    db = fs.journal.db
+    for name, key in ((b"a", "step_7/a"), (b"c", "step_7/c"), (b"d", "step_7/d")):
+        db.execute(
+            "UPDATE inodes SET state = ?, stored_key = ? WHERE id = ?",
+            (State.CLEAN, key, ids[name]),
+        )
+    db.execute("UPDATE inodes SET state = ? WHERE id = ?", (State.CLEAN, d.id))
+    fs.journal.add_store_op("move", "old/c", "step_7/c")  # c: a move to its key pending
+    fs.journal.add_store_op("delete", "step_7/d")  # d: its key is read by a pending delete
+    rows = fs.journal.files_under(d.id, dirs=True)
+    maybe = fs.journal.files_under(d.id, dirs=True, maybe_pending=True)
+    assert sorted(rel for _, rel in maybe) == ["b", "c", "d"]
+    moving = fs.journal.pending_keys()
+    for row, rel in rows:
+        durable = row.state not in (State.DIRTY, State.UPLOADING) and row.stored_key not in moving
+        assert durable == (rel not in {r for _, r in maybe}), rel
