@@ -13,12 +13,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import cast
 
 import pyfuse3
 import pytest
 import trio
 
+from ckptgw.drain.checkpoints import DURABLE
+from ckptgw.drain.engine import DrainEngine
 from ckptgw.fsops import files as files_mod
 from ckptgw.fsops import objectmeta
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
@@ -658,22 +661,36 @@ def test_a_fresh_cache_has_every_shard_directory_and_a_lost_one_comes_back(
 
 def test_entries_that_may_be_pending_are_every_entry_not_durable(fs: Filesystem) -> None:
     """`pending` of a large checkpoint reads only the entries that may not be durable: the
-    same ones drain.engine.DrainEngine.durability does not call durable."""
+    same ones drain.engine.DrainEngine.durability does not call durable, in every state."""
     d = fs.namespace.mkdir(ROOT_INODE, b"step_7", 0o755, ME)
-    ids = {name: write_file(fs, d.id, name, b"x") for name in (b"a", b"b", b"c", b"d")}
+    sub = fs.namespace.mkdir(d.id, b"sub", 0o755, ME)
+    names = (b"dirty", b"uploading", b"clean", b"moved_to", b"moved_from", b"deleted", b"remote")
+    ids = {name: write_file(fs, d.id, name, b"x") for name in names}
     db = fs.journal.db
-    for name, key in ((b"a", "step_7/a"), (b"c", "step_7/c"), (b"d", "step_7/d")):
+    states = {
+        b"uploading": (State.UPLOADING, None),
+        b"clean": (State.CLEAN, "step_7/clean"),
+        b"moved_to": (State.CLEAN, "step_7/moved_to"),
+        b"moved_from": (State.CLEAN, "old/moved_from"),
+        b"deleted": (State.CLEAN, "step_7/deleted"),
+        b"remote": (State.REMOTE, "step_7/remote"),
+    }
+    for name, (state, key) in states.items():
         db.execute(
-            "UPDATE inodes SET state = ?, stored_key = ? WHERE id = ?",
-            (State.CLEAN, key, ids[name]),
+            "UPDATE inodes SET state = ?, stored_key = ? WHERE id = ?", (state, key, ids[name])
         )
-    db.execute("UPDATE inodes SET state = ? WHERE id = ?", (State.CLEAN, d.id))
-    fs.journal.add_store_op("move", "old/c", "step_7/c")  # c: a move to its key pending
-    fs.journal.add_store_op("delete", "step_7/d")  # d: its key is read by a pending delete
+    for dir_id in (d.id, sub.id):  # clean directories without a marker key
+        db.execute(
+            "UPDATE inodes SET state = ?, stored_key = NULL WHERE id = ?", (State.CLEAN, dir_id)
+        )
+    fs.journal.add_store_op("move", "old/x", "step_7/moved_to")  # a move to its key
+    fs.journal.add_store_op("move", "old/moved_from", "step_7/y")  # a move from its key
+    fs.journal.add_store_op("delete", "step_7/deleted")  # a delete of its key
     rows = fs.journal.files_under(d.id, dirs=True)
-    maybe = fs.journal.files_under(d.id, dirs=True, maybe_pending=True)
-    assert sorted(rel for _, rel in maybe) == ["b", "c", "d"]
+    maybe = {rel for _, rel in fs.journal.files_under(d.id, dirs=True, maybe_pending=True)}
+    assert maybe == {"dirty", "uploading", "moved_to", "moved_from", "deleted"}
     moving = fs.journal.pending_keys()
+    engine = cast(DrainEngine, SimpleNamespace(_progress={}))  # durability reads only this
     for row, rel in rows:
-        durable = row.state not in (State.DIRTY, State.UPLOADING) and row.stored_key not in moving
-        assert durable == (rel not in {r for _, r in maybe}), rel
+        durable = DrainEngine.durability(engine, row, moving) == DURABLE
+        assert durable == (rel not in maybe), rel
