@@ -26,8 +26,9 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
+from ckptgw.fsops.passthrough import NOFLUSH
+
 _C = TypeVar("_C", bound=type)
-NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 
 
 def _error(e: OSError) -> pyfuse3.FUSEError:
