@@ -189,6 +189,7 @@ class CacheFiles:
         self.early_writeback = early_writeback
         self.used = 0
         self.held = 0  # bytes of the reserve held in a file (passthrough mode)
+        self.holding = False  # the reserve file is there (a reserve of 0 holds 0 bytes)
         self.release_reserve()  # one left by an earlier mount is not counted as held
         self.room = Room()  # fired when bytes are freed (and by FileStates when a file is clean)
         self._dirfd = os.open(self.data, os.O_RDONLY | os.O_DIRECTORY)
@@ -322,7 +323,8 @@ class CacheFiles:
 
     # With passthrough the kernel writes cache files without asking: the reserve is then held
     # as a file of that size (``held``), which fsops.passthrough gives back to the journal
-    # when the disk fills, and takes again once there is room.
+    # when the disk fills and no writer on the kernel's path is open, and takes again once
+    # there is room, before such a writer opens.
 
     @property
     def _reserve_path(self) -> Path:
@@ -340,6 +342,7 @@ class CacheFiles:
         finally:
             os.close(fd)
         self.held = self.reserve_bytes
+        self.holding = True
         return True
 
     def release_reserve(self) -> None:
@@ -347,6 +350,7 @@ class CacheFiles:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._reserve_path)
         self.held = 0
+        self.holding = False
 
     def _statvfs(self) -> os.statvfs_result:
         """The cache disk's statvfs, taken again once :data:`STATVFS_FOR` has passed or the

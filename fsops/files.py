@@ -36,9 +36,6 @@ from ckptgw.fsops.state import FileStates
 INLINE_SYNC_MAX = 4 << 20
 INLINE_SYNC_SLOW = 0.005
 INLINE_SYNC_PAUSE = 10.0
-# Seconds without growth after which no file on the kernel's path counts as being written
-# (three ticks of the watch): the disk reserve may be given back then.
-QUIET = 0.15
 
 
 @dataclass
@@ -72,7 +69,6 @@ class OpenFiles:
         self.inline_syncs = 0  # barriers made on the event loop's thread (see barrier())
         self._inline_off_until = 0.0  # (monotonic) after an inline sync that took long
         self._kernel_writers: dict[int, Inode] = {}  # inodes open for writing on its path
-        self._grew_at: dict[int, float] = {}  # of those: when the kernel last grew each one
 
     @property
     def _place_appends(self) -> bool:
@@ -93,6 +89,8 @@ class OpenFiles:
             raise fs_error(errno.EISDIR if ino.is_dir else errno.EINVAL)
         writable = (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR)
         self.table.open_fd(ino)
+        if writable:  # a writer from here on: the drain does not take a file being opened
+            ino.writers += 1
         bid = -1
         try:
             now = time.time_ns()
@@ -115,7 +113,11 @@ class OpenFiles:
             ino.atime_dirty = True  # journaled at release: an fsync does not wait for it
         except BaseException:
             if bid >= 0:
-                self.path.closed(ino, bid)
+                self.path.closed(ino, bid, writable)
+            if writable:
+                ino.writers -= 1
+                if ino.writers == 0:  # made dirty (or created) but not opened: no release
+                    self.states.quiet(ino)  # will report it, so this does
             self.table.close_fd(ino)
             raise
         return self._add(ino, writable, bool(flags & os.O_APPEND), bid), bid
@@ -123,39 +125,21 @@ class OpenFiles:
     def _add(self, ino: Inode, writable: bool, append: bool, bid: int) -> int:
         fh = next(self._next_fh)
         self._handles[fh] = Handle(ino, writable, append, bid)
-        if writable:
-            ino.writers += 1
         return fh
 
-    def _writers_quiet(self, closing: Inode | None = None) -> bool:
-        """Whether no file open for writing on the kernel's path (but ``closing``, whose
-        writer is closing) grew in the last :data:`QUIET` seconds: the reserve is given back
-        only then, or a writer still going would take it too (it stops at ENOSPC instead)."""
-        now = time.monotonic()
-        return all(
-            now - self._grew_at.get(i, 0.0) >= QUIET
-            for i in self._kernel_writers
-            if closing is None or i != closing.id
-        )
-
-    def observe(self, ino: Inode, *, adopt: bool = True, closing: bool = False) -> None:
+    def observe(self, ino: Inode, *, adopt: bool = True) -> None:
         """Take the size and mtime of a file the kernel writes (passthrough) from its cache
         file, where they changed since last seen; ``adopt=False`` only notes them (after the
-        daemon itself changed the file: a truncate, a utimens); ``closing``: its last writer
-        is closing it (FLUSH)."""
+        daemon itself changed the file: a truncate, a utimens)."""
         if not ino.passthrough_opens or ino.fd < 0:
             return
         st = os.fstat(ino.fd)
         seen = (st.st_size, st.st_mtime_ns)
         if seen == ino.backing_seen:
-            if closing:
-                self.path.check_room(self._writers_quiet(ino))
             return
         first = ino.backing_seen[0] < 0
         ino.backing_seen = seen
-        if ino.id in self._kernel_writers:
-            self._grew_at[ino.id] = time.monotonic()
-        self.path.check_room(self._writers_quiet(ino if closing else None))
+        self.path.check_room()
         if adopt and not first:
             if st.st_size > ino.size:
                 self.written_bytes += st.st_size - ino.size
@@ -178,7 +162,7 @@ class OpenFiles:
                 self.observe(ino)
             if self._kernel_writers:
                 self.space.keep_headroom()
-            self.path.check_room(self._writers_quiet())
+            self.path.check_room()
 
     def read(self, fh: int, off: int, size: int) -> bytes:
         return os.pread(self.handle(fh).inode.fd, size, off)
@@ -220,9 +204,8 @@ class OpenFiles:
         return n
 
     def flush(self, fh: int) -> None:
-        h = self.handle(fh)
-        ino = h.inode
-        self.observe(ino, closing=h.writable and ino.writers == 1)
+        ino = self.handle(fh).inode
+        self.observe(ino)
         if ino.attrs_dirty:
             self.table.persist(ino)
 
@@ -235,19 +218,22 @@ class OpenFiles:
             return
         ino = h.inode
         try:
-            # As FLUSH (which a passthrough open's close may not send): the reserve goes back
-            # before the journal writes, should this writer have filled the disk.
-            self.observe(ino, closing=h.writable and ino.writers == 1)
+            try:
+                self.observe(ino)  # what the kernel wrote through this open
+            finally:  # the open ends whatever failed: the kernel writes no more through it
+                self.path.closed(ino, h.backing, h.writable)
+                if h.writable:
+                    ino.writers -= 1
+                    if ino.writers == 0:
+                        self._kernel_writers.pop(ino.id, None)
+                        self.states.quiet(ino)
+            if h.backing and h.writable:
+                # The last writer on the kernel's path gone, the reserve goes back to the
+                # journal (if the disk is full) before the journal writes.
+                self.path.check_room()
             if (ino.attrs_dirty or ino.atime_dirty) and ino.parent is not None:
                 self.table.persist(ino)
-        finally:  # the open ends whatever failed above
-            self.path.closed(ino, h.backing)
-            if h.writable:
-                ino.writers -= 1
-                if ino.writers == 0:
-                    self._kernel_writers.pop(ino.id, None)
-                    self._grew_at.pop(ino.id, None)
-                    self.states.quiet(ino)
+        finally:
             self.table.close_fd(ino)
             self.table.release_if_unused(ino)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import os
 import sqlite3
 import stat
@@ -29,6 +30,18 @@ import trio
 SCHEMA_VERSION = 4
 _PATHS_KEPT = 4096  # paths remembered (directories a save creates files in, mostly)
 ROOT_INODE = 1
+# The journal's own room on the cache disk: its WAL is allocated to this size at open
+# (Journal._keep_room), so commits land in blocks it already has and need no free space.
+# SQLite reuses the WAL from its start after each checkpoint (every 1000 pages, 4 MiB) and
+# cuts it back only to journal_size_limit (64 MiB), so about 12 MiB of commits can be made
+# on a disk without a free block (a checkpoint that cannot grow the database leaves its
+# frames in the WAL). A writer on the kernel's path, which can take every free block of
+# the disk, cannot take these (see fsops.passthrough.Passthrough.check_room). This holds
+# where a file is overwritten in place (ext4, XFS, tmpfs), not on copy-on-write filesystems
+# (btrfs, ZFS), which need new blocks for each rewrite.
+WAL_ROOM = 16 << 20
+
+log = logging.getLogger(__name__)
 
 
 class State(enum.StrEnum):
@@ -223,11 +236,27 @@ class Journal:
             raise
         # The WAL exists from the first commit on and is never deleted while we hold the
         # connection open (it is only truncated), so one descriptor serves every barrier.
-        self._wal_fd = os.open(f"{path}-wal", os.O_RDONLY | os.O_CREAT, 0o600)
+        self._wal_fd = os.open(f"{path}-wal", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._keep_room()
         self._durable = -1  # total_changes that the last WAL fsync covered
         self._syncing: trio.Event | None = None  # the WAL fsync running now
         self._broken: OSError | None = None  # a WAL fsync failed
         self.barriers = 0  # WAL fsyncs done
+
+    def _keep_room(self) -> None:
+        """Allocate the WAL's blocks up to :data:`WAL_ROOM` (what it holds stays; SQLite
+        reads frames only up to the first invalid one, and zeros are invalid): the
+        journal's room, which no other writer of the disk can take. Best effort: a disk
+        without that much free keeps the WAL as it is (said once, here)."""
+        try:
+            os.posix_fallocate(self._wal_fd, 0, WAL_ROOM)
+        except OSError as e:
+            log.warning(
+                "journal %s: no room kept in its WAL (%s): a full cache disk may refuse its "
+                "commits",
+                self.path,
+                e.strerror,
+            )
 
     def _prepare(self, path: Path) -> None:
         """Settings, a fresh schema or the migrations to this version, and the inode count."""

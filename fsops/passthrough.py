@@ -20,16 +20,18 @@ Each open is decided per inode (:meth:`Passthrough.backing`), because the kernel
   a remote one (fetched on demand) takes the daemon path.
 
 The disk reserve (the room the journal always has) cannot be checked write by write when the
-kernel writes: it is held as a file instead, and given back to the journal when the disk
-fills (:meth:`Passthrough.check_room`).
+kernel writes: it is held as a file instead, which no writer can take, and given back to the
+journal when the disk fills, but only once no file is open for writing on the kernel's path
+(:meth:`Passthrough.check_room`): freed while one was, it would be that writer's too.
 
 The daemon still sees open, fsync, release, getattr and setattr, which is where it learns
 what the kernel wrote: :meth:`fsops.files.OpenFiles.observe` reads the cache file's size and
-mtime. It sees FLUSH (at each ``close()``) only where :meth:`Passthrough.flush_skipped` says so.
+mtime. It sees no FLUSH at a passthrough open's ``close()`` (:meth:`Passthrough.flush_skipped`).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import platform
 from dataclasses import dataclass
@@ -38,7 +40,7 @@ import pyfuse3
 import trio
 
 from ckptgw.fsops.cache import CacheFiles
-from ckptgw.fsops.inodes import Inode
+from ckptgw.fsops.inodes import Inode, fs_error
 from ckptgw.fsops.journal import State
 
 log = logging.getLogger(__name__)
@@ -47,9 +49,6 @@ PASSTHROUGH = "passthrough"
 DAEMON = "daemon"
 _MIN_KERNEL = (6, 9)
 _CAP_SYS_ADMIN = 21
-# A writer opened with less than this free on the cache disk (or four reserves, if more) keeps
-# its FLUSH: it may fill the disk (see Passthrough.flush_skipped).
-FLUSH_HEADROOM = 1 << 30
 # FileInfo.noflush came to the patch later: a venv built before has passthrough without it.
 NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
 
@@ -110,6 +109,7 @@ class Passthrough:
         self.writers = writers
         self.cache = cache
         self.low = False  # the cache disk filled up: new writers take the daemon path
+        self.writing = 0  # opens for writing on the kernel's path (the reserve stays held)
         self._registered = False  # a backing file registered at least once
         self.stats = PathStats()
         self.initialized = trio.Event()  # set at INIT, once the mode is known
@@ -136,63 +136,70 @@ class Passthrough:
         else:
             log.info("data path: daemon (%s)", self.reason)
 
-    def check_room(self, quiet: bool = False) -> None:
+    def check_room(self) -> None:
         """The disk reserve, where the kernel writes (called whenever the daemon learns what
-        it wrote, and every tick of :meth:`fsops.files.OpenFiles.watch`): the journal must
-        always be able to commit, so when the cache disk is nearly full new writers take the
-        daemon path, which keeps the reserve write by write, and the reserve file is given
-        back to the journal once ``quiet``: no writer on the kernel's path has grown its
-        file lately (or the one that did is closing). Given back while a writer still
-        writes, the reserve would be that writer's too; left held, the writer stops at
-        ENOSPC. Once there is room again, both are undone."""
+        it wrote, at the release of a writer on the kernel's path, and every tick of
+        :meth:`fsops.files.OpenFiles.watch`). The journal must always be able to commit: when
+        the cache disk is nearly full, new writers take the daemon path, which keeps the
+        reserve write by write, and the reserve file is given back to the journal, but only
+        while no file is open for writing on the kernel's path (:attr:`writing`): blocks
+        freed while one is open are that writer's as much as the journal's, and no time
+        without writes proves that it will not write again. So the reserve is released
+        only after the RELEASE of the last such writer (after its last descriptor is gone,
+        so not at a FLUSH, which a ``dup`` outlives), and a writer may take the kernel's path
+        again only once the reserve is held again (:meth:`kernel_writes`). Meanwhile the
+        journal commits into the room it keeps in its own WAL (:data:`fsops.journal.WAL_ROOM`).
+        Once three reserves are free again, the reserve is taken back."""
         if not self.active:
             return
         free = self.cache.free_bytes()
-        if self.cache.held and free < self.cache.reserve_bytes // 2:
-            self.low = True
-            if quiet:
-                self.cache.release_reserve()
+        if self.cache.holding and free < self.cache.reserve_bytes // 2:
+            if not self.low:
+                self.low = True
                 log.warning(
-                    "cache disk full: its reserve goes to the journal; new writers go "
-                    "through the daemon until room is freed"
+                    "cache disk full: new writers go through the daemon until room is freed"
                 )
-        elif free >= 3 * self.cache.reserve_bytes and (self.low or not self.cache.held):
-            self.low = not self.cache.held and not self.cache.hold_reserve()
+            if not self.writing:
+                self.cache.release_reserve()
+                log.warning("cache disk full: its reserve goes to the journal")
+        elif free >= 3 * self.cache.reserve_bytes and (self.low or not self.cache.holding):
+            self.low = not self.cache.holding and not self.cache.hold_reserve()
             if not self.low:
                 log.info("cache disk has room again: writers use passthrough")
 
     def flush_skipped(self, writable: bool) -> bool:
-        """Whether a passthrough open's ``close()`` may go without FLUSH: the kernel then sends
-        only RELEASE, after ``close()`` has returned, one round trip fewer per file (0.1-0.2
-        ms on 2 cores). What FLUSH does here, RELEASE does too (the size and mtime the kernel
-        wrote, the attributes journaled, the reserve), but after ``close()`` has returned. So
-        a writer keeps its FLUSH while the cache disk has less than :data:`FLUSH_HEADROOM`
-        free: it may fill the disk, and its ``close()`` must not return before the reserve
-        is the journal's again (:meth:`check_room`)."""
-        if not NOFLUSH:
-            return False
-        if not writable:
-            return True
-        try:
-            free = self.cache.free_bytes()
-        except OSError:  # (the open is already made: FLUSH is the safe answer, not an error)
-            return False
-        return free >= max(FLUSH_HEADROOM, 4 * self.cache.reserve_bytes)
+        """Whether a passthrough open's ``close()``, a reader's or a writer's alike, may go
+        without FLUSH: the kernel then sends only RELEASE, after the last descriptor of the
+        open is closed (before that ``close()`` returns, unless the kernel's queue of
+        background requests is full), one round trip fewer per file (0.1-0.2 ms on 2
+        cores). What FLUSH would do, RELEASE does: the size and mtime the kernel wrote, the
+        attributes journaled, and the reserve given back if the disk is full
+        (:meth:`check_room`, which a FLUSH could not do: a ``dup`` of the descriptor may
+        still write). A failure to journal them then reaches no ``close()``; ``fsync``
+        still reports it."""
+        return NOFLUSH
 
     def kernel_writes(self, writable: bool, rdwr: bool) -> bool:
         """Whether a new open (of an inode without opens on either path) may take the
-        kernel's path. Not for ``O_RDWR``: a shared writable mmap of a passthrough open
+        kernel's path. A writer only while the reserve is held (the disk has room): a writer
+        on the kernel's path can use every free block, so none may be open while the reserve
+        is the journal's. Not for ``O_RDWR``: a shared writable mmap of a passthrough open
         writes the cache file even after close, which the daemon would never learn."""
-        return not writable or (self.writers and not self.low and not rdwr)
+        return not writable or (self.writers and not self.low and self.cache.holding and not rdwr)
 
     def backing(self, ino: Inode, writable: bool, rdwr: bool = False) -> int:
         """The backing id for a new open of ``ino`` (its cache file open in ``ino.fd``), or 0
         for the daemon path. Counted in the inode's open counts; undone by :meth:`closed`."""
         bid = 0
         if writable:
-            self.check_room()
+            self.check_room()  # (the reserve taken back, if the disk has room again)
         if ino.backing_id:
-            bid = ino.backing_id  # the kernel allows one backing file per inode
+            # The kernel allows one backing file per inode, and no open of it on the daemon
+            # path: a writer shares the backing id, so it needs the reserve held like any
+            # writer on the kernel's path (the disk is full otherwise: ENOSPC, at once).
+            if writable and not self.cache.holding:
+                raise fs_error(errno.ENOSPC)
+            bid = ino.backing_id
         elif (
             self.active
             and ino.daemon_opens == 0
@@ -203,6 +210,7 @@ class Passthrough:
         if bid:
             ino.backing_id = bid
             ino.passthrough_opens += 1
+            self.writing += writable
             self.stats.passthrough_opens += 1
         else:
             ino.daemon_opens += 1
@@ -226,12 +234,15 @@ class Passthrough:
         self._registered = True
         return bid
 
-    def closed(self, ino: Inode, bid: int) -> None:
-        """An open of ``ino`` that :meth:`backing` decided was released."""
+    def closed(self, ino: Inode, bid: int, writable: bool) -> None:
+        """An open of ``ino`` that :meth:`backing` decided was released: the kernel can no
+        longer write through it (RELEASE comes after its last descriptor, and the last
+        request on it, are gone)."""
         if not bid:
             ino.daemon_opens -= 1
             return
         ino.passthrough_opens -= 1
+        self.writing -= writable
         if ino.passthrough_opens == 0 and ino.backing_id:
             ino.backing_seen = (-1, -1)
             try:

@@ -22,8 +22,7 @@ import torch
 import xxhash
 
 from ckptgw.fsops.cache import ENTRY_DURABLE_WITH_FILE, fs_type
-from ckptgw.fsops.passthrough import DAEMON, FLUSH_HEADROOM, NOFLUSH
-from ckptgw.gateway.settings import default
+from ckptgw.fsops.passthrough import DAEMON, NOFLUSH
 from tests.conftest import CheckedGateway, GatewayFactory, any_data_path, needs_fuse
 from tests.test_drain import wait_for
 from tests.test_operate import SLOW, S3Setup, s3_gateway
@@ -51,14 +50,6 @@ def delta(before: dict[str, Any], after: dict[str, Any], part: str) -> dict[str,
     return {k: a[k] - b.get(k, 0) for k in a if a[k] != b.get(k, 0)}
 
 
-def has_flush_headroom(cache_dir: Path) -> bool:
-    """Whether a writer's close on the kernel's path sends no FLUSH here, with the default
-    reserve (fsops.passthrough.Passthrough.flush_skipped)."""
-    st = os.statvfs(cache_dir)
-    free = st.f_bavail * st.f_frsize
-    return NOFLUSH and free >= max(FLUSH_HEADROOM, 4 * int(default("cache.reserve")))
-
-
 def test_what_one_small_file_costs(gateway: GatewayFactory, tmp_path: Path, data_path: str) -> None:
     gw = quiet_gateway(gateway, tmp_path)
     d = gw.mountpoint / "step_1"
@@ -80,10 +71,10 @@ def test_what_one_small_file_costs(gateway: GatewayFactory, tmp_path: Path, data
     # getattr (of the directory, whose attributes the create made stale) and one getxattr
     # (the kernel's check for file capabilities at the first write); on the daemon's path
     # the write itself, the times its write-back cache kept (setattr), and a flush at close
-    # (on the kernel's path a close sends none while the cache disk has room).
+    # (on the kernel's path a close sends none: fsops.passthrough.Passthrough.flush_skipped).
     for op in ("create", "fsync", "release"):
         assert req.get(op) == n, (op, req)
-    flushes = n if data_path == DAEMON or not has_flush_headroom(gw.cache_dir) else 0
+    flushes = n if data_path == DAEMON or not NOFLUSH else 0
     assert req.get("flush", 0) == flushes, req
     # (The kernel also looks the directory up again each time its entry expires: once a
     # second, mount.attr_timeout, which a loaded machine's loop may outlast.)
@@ -106,7 +97,7 @@ def test_what_one_small_file_costs(gateway: GatewayFactory, tmp_path: Path, data
     assert syncs == {"files": n, "journal": n, **({"entries": n} if entries else {})}, syncs
 
     # fsync again, nothing changed: the cache file only, no journal barrier, no entry; and
-    # on the kernel's path, a read-only open's close sends no flush whatever the room.
+    # on the kernel's path, a read-only open's close sends no flush either.
     before = counters(gw)
     for i in range(n):
         fd = os.open(d / f"__{i}_0.distcp", os.O_RDONLY)
