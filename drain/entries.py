@@ -5,8 +5,11 @@ a file's checksum, and whether a small object is a symlink or a special file: se
 :mod:`fsops.objectmeta`) is in each object's metadata, which takes a HEAD. A listing HEADs the
 entries it has not seen, in parallel and up to a bound (:mod:`drain.listing`); any other
 remote entry is described at its first lookup, and until then the kernel is told not to keep
-its attributes (:meth:`Entries.known`). An open HEADs the object again unless that was done
-within ``fresh_for`` seconds: it must not open what was deleted or rewritten meanwhile.
+its attributes (:meth:`Entries.known`). Lookups of one entry share one read, and a lookup
+waits for it at most ``store.lookup_wait`` (:mod:`drain.readthrough`): past that it answers
+with the listing's attributes, still not kept, and the read goes on. An open HEADs the object
+again unless that was done within ``fresh_for`` seconds: it must not open what was deleted or
+rewritten meanwhile.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import errno
 import logging
 import stat
 import time
+
+import trio
 
 from ckptgw.drain.store import ObjectInfo, Store, StoreError
 from ckptgw.fsops.contentsum import parts_checksum
@@ -77,6 +82,7 @@ class Entries:
         self.lookup_store = lookup_store or store
         self.fresh_for = fresh_for
         self._checked: dict[int, float] = {}  # inode -> when its object was last read
+        self._reading: dict[int, trio.Event] = {}  # inode -> a lookup's read under way
 
     def known(self, row: InodeRow) -> bool:
         """Whether the row's attributes are final: it is not a remote entry still to be
@@ -103,12 +109,28 @@ class Entries:
 
         ``strict`` (before an open): an object that is gone is ENOENT, one rewritten since the
         listing ESTALE, a store that cannot answer EIO. Otherwise (a lookup) any of these
-        leaves the entry as it is: the next listing settles it."""
+        leaves the entry as it is: the next listing settles it, and lookups of one entry
+        share one read (a stalled store is not sent a HEAD per lookup)."""
         if ino.state is not State.REMOTE:
             return
         seen = self._checked.get(ino.id)
         if seen is not None and (not strict or time.monotonic() - seen < self.fresh_for):
             return  # a lookup needs it described once; later changes come with listings
+        if strict:
+            await self._read(ino, strict=True)
+            return
+        busy = self._reading.get(ino.id)
+        if busy is not None:
+            await busy.wait()
+            return
+        done = self._reading[ino.id] = trio.Event()
+        try:
+            await self._read(ino, strict=False)
+        finally:
+            del self._reading[ino.id]
+            done.set()
+
+    async def _read(self, ino: Inode, *, strict: bool) -> None:
         key = self.keys.entry_key(ino) if ino.is_dir else ino.stored_key
         if key is None:
             if strict:

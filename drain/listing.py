@@ -26,7 +26,23 @@ journal transaction:
   deleted after the listing started (a tombstone in :class:`fsops.storekeys.StoreKeys`), is
   not brought back: the listing is older than the delete.
 
-A failed listing is logged and the local view served; it is tried again after ``ttl``.
+A failed listing is logged once (until one works again); it is tried again after ``ttl``.
+
+**A slow store.** A listing runs in the background (:mod:`drain.lookupwait`) and a lookup waits
+for it at most ``store.lookup_wait`` seconds after it started; later lookups share it rather
+than start another, and its merge is made whenever it completes. Past the deadline, a lookup
+is answered from the journal only where the journal's view of the directory can be trusted
+to say "no such name" (:meth:`Listings.has_view`): the directory was listed since the mount,
+or made here since the mount (it was new: its parent's view lacked it, and every name in it
+since was made here). Either way local entries win, so the saving node is never held up by
+the store. A directory with no such view (a fresh node restoring a checkpoint: nothing in the
+journal to answer from) waits for its first listing, bounded by the store's own request
+deadlines and attempts; if that listing fails, a name it lacks is an error (EIO), not "no
+such file", and so is reading the directory: an empty answer would be a false one (unless
+the store said the bucket does not exist: then it holds nothing, and "no such file" is
+true). A
+negative answer is never kept by the kernel while the listing is late or failing
+(:meth:`Listings.fresh_for` is 0 then).
 """
 
 from __future__ import annotations
@@ -39,6 +55,7 @@ from dataclasses import dataclass
 import trio
 
 from ckptgw.drain.entries import Entries, read_meta
+from ckptgw.drain.lookupwait import LookupWait, Pending
 from ckptgw.drain.store import Listing, ObjectInfo, Store, StoreError
 from ckptgw.fsops.inodes import Inode, InodeTable
 from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
@@ -69,7 +86,9 @@ class ListingConfig:
 
 class Listings:
     """``store`` retries temporary errors itself (:class:`drain.retry.RetryingStore`); a
-    listing is on the path of a lookup, so it should be given few attempts."""
+    listing is on the path of a lookup, so it should be given few attempts. ``waits``: the
+    lookup path's deadline; without one (or until it runs) a listing runs in its caller's
+    task and is always waited for."""
 
     def __init__(
         self,
@@ -79,6 +98,7 @@ class Listings:
         entries: Entries,
         store: Store,
         config: ListingConfig,
+        waits: LookupWait | None = None,
     ) -> None:
         self.table = table
         self.journal = table.journal
@@ -87,82 +107,151 @@ class Listings:
         self.entries = entries
         self.store = store
         self.config = config
-        self._listed: dict[int, float] = {}  # directory inode -> when its last listing started
-        self._inflight: dict[int, trio.Event] = {}
+        self.waits = waits if waits is not None else LookupWait()
+        # directory inode -> when its last listing started (trio's clock), and the same of
+        # the listings that were merged
+        self._tried: dict[int, float] = {}
+        self._listed: dict[int, float] = {}
+        self._from_store: set[int] = set()  # directories this mount's listings made
+        self._inflight: dict[int, Pending] = {}
+        self._describing: dict[int, Pending] = {}  # directory -> its describe_all
         self._failing = False
 
     def fresh_for(self, d: Inode) -> float:
         """Seconds until the store's view of ``d`` is due to be listed again (0: now, or
-        the store could not be listed: a name may show up at the next try)."""
-        last = self._listed.get(d.id)
+        the store could not be listed, or a listing is still under way: a name may show up
+        when it completes)."""
+        last = self._tried.get(d.id)
         if last is None or self._failing or d.id in self._inflight:
             return 0.0
-        return max(0.0, self.config.ttl - (time.monotonic() - last))
+        return max(0.0, self.config.ttl - (trio.current_time() - last))
 
-    async def refresh(self, d: Inode) -> None:
+    def has_view(self, d: InodeRow) -> bool:
+        """Whether the journal may say that a name ``d`` lacks is not there, without asking
+        the store: ``d`` was listed since the mount, or made by this mount (not by one of its
+        listings): it was new then, and every name in it since came through this mount or a
+        listing of it. (A removed directory still open somewhere holds nothing.)"""
+        if d.id in self._listed or (d.parent is None and d.id != ROOT_INODE):
+            return True
+        return d.epoch == self.journal.epoch and d.id not in self._from_store
+
+    async def refresh(self, d: Inode, *, deadline: float | None = None) -> None:
+        """Merge the store's view of ``d`` unless it was listed less than ``ttl`` ago (the
+        listing under way, if any, is shared). ``deadline`` (trio's clock), on a lookup's
+        path: wait for the listing until then at most, and no longer than the lookup wait
+        after it started, where :meth:`has_view` lets the journal answer meanwhile; without
+        a deadline (a warm-up) wait for it to end."""
         if not d.is_dir or (d.parent is None and d.id != ROOT_INODE):
             return
-        last = self._listed.get(d.id)
-        if last is not None and time.monotonic() - last < self.config.ttl:
-            return
-        busy = self._inflight.get(d.id)
-        if busy is not None:
-            await busy.wait()
-            return
-        done = self._inflight[d.id] = trio.Event()
-        started = time.monotonic()
+        job = self._inflight.get(d.id)
+        if job is None:
+            last = self._tried.get(d.id)
+            if last is not None and trio.current_time() - last < self.config.ttl:
+                return
+            prefix = self._prefix(d)
+            job = self._inflight[d.id] = Pending(f"LIST {prefix or '(the top level)'}")
+            d.pins += 1  # the listing may outlive the lookup that started it
+            await self.waits.launch(job, lambda: self._refresh(d, prefix, job.started))
+        if deadline is None:
+            await job.done.wait()
+        elif not await self.waits.join(job, deadline):
+            if self.has_view(d):
+                self.waits.from_journal += 1
+                return
+            await job.done.wait()  # nothing to answer from: the first listing is the answer
+
+    def _prefix(self, d: InodeRow) -> str:
+        """The keys of what is in ``d`` start with this."""
+        prefix = self.keys.key_of(d.id)
+        return prefix if d.id == ROOT_INODE else prefix + "/"
+
+    async def _refresh(self, d: Inode, prefix: str, began: float) -> bool:
+        started = time.monotonic()  # what the merge compares our own deletes and uploads with
         try:
-            prefix = self.keys.key_of(d.id)
-            if d.id != ROOT_INODE:
-                prefix += "/"
-            listing = await self._list(prefix)
-            self._listed[d.id] = started
-            if listing is not None:
-                described = await self._describe_new(d, prefix, listing)
-                if d.parent is not None or d.id == ROOT_INODE:
-                    self._merge(d, prefix, listing, started, described)
+            listing, nothing = await self._list(prefix)
+            self._tried[d.id] = began
+            if listing is None:
+                if nothing:  # no merge: what is clean here may be the only copy left
+                    self._listed[d.id] = began
+                return False
+            described = await self._describe_new(d, prefix, listing)
+            if d.parent is not None or d.id == ROOT_INODE:
+                self._merge(d, prefix, listing, started, described)
+            self._listed[d.id] = began
+            return True
         finally:
             del self._inflight[d.id]
-            done.set()
+            d.pins -= 1
+            self.table.release_if_unused(d)
 
-    async def describe_all(self, d: Inode) -> None:
+    async def describe_all(self, d: Inode, *, deadline: float | None = None) -> None:
         """Read the metadata of ``d``'s remote entries not yet described, up to ``describe``
         of them, ``heads`` at a time: the directory is about to be read, and ``ls -l`` or
         ``du`` then stats every name (a lookup of an entry still unknown would HEAD it, one
-        after another). A read that fails leaves the entry for its lookup."""
-        todo: list[InodeRow] = []
-        after = 0
-        while len(todo) < self.config.describe and (rows := self.table.children(d.id, after, 1000)):
-            after = rows[-1].id
-            todo += [r for r in rows if not self.entries.known(r)]
-        limiter = trio.CapacityLimiter(self.config.heads)
+        after another). A read that fails leaves the entry for its lookup. ``deadline``, as
+        for :meth:`refresh`: the reads go on in the background past it (an entry's lookup
+        meanwhile shares its read: :meth:`drain.entries.Entries.describe`)."""
+        job = self._describing.get(d.id)
+        if job is None:
+            where = self._prefix(d) or "the top level"
+            job = self._describing[d.id] = Pending(f"HEADs of the entries of {where}")
+            d.pins += 1
+            await self.waits.launch(job, lambda: self._describe_all(d))
+        if deadline is None:
+            await job.done.wait()
+        elif not await self.waits.join(job, deadline):
+            self.waits.undescribed += 1
 
-        async def one(row: InodeRow) -> None:
-            ino = self.table.adopt(row)
-            ino.pins += 1
-            try:
-                async with limiter:
-                    await self.entries.describe(ino, strict=False)
-            finally:
-                ino.pins -= 1
-                self.table.release_if_unused(ino)
+    async def _describe_all(self, d: Inode) -> bool:
+        try:
+            todo: list[InodeRow] = []
+            after = 0
+            while len(todo) < self.config.describe and (
+                rows := self.table.children(d.id, after, 1000)
+            ):
+                after = rows[-1].id
+                todo += [r for r in rows if not self.entries.known(r)]
+            limiter = trio.CapacityLimiter(self.config.heads)
 
-        async with trio.open_nursery() as nursery:
-            for row in todo[: self.config.describe]:
-                nursery.start_soon(one, row)
+            async def one(row: InodeRow) -> None:
+                ino = self.table.adopt(row)
+                ino.pins += 1
+                try:
+                    async with limiter:
+                        await self.entries.describe(ino, strict=False)
+                finally:
+                    ino.pins -= 1
+                    self.table.release_if_unused(ino)
 
-    async def _list(self, prefix: str) -> Listing | None:
+            async with trio.open_nursery() as nursery:
+                for row in todo[: self.config.describe]:
+                    nursery.start_soon(one, row)
+            return True
+        finally:
+            del self._describing[d.id]
+            d.pins -= 1
+            self.table.release_if_unused(d)
+
+    async def _list(self, prefix: str) -> tuple[Listing | None, bool]:
+        """The listing, or None if the store could not be listed; and whether it says that
+        it holds nothing there (no such bucket: the journal's view is then whole, and the
+        save goes on into the cache, to be drained once the store is fixed, e.g. by
+        ``ckptgw cache rebind``)."""
         try:
             listing = await self.store.list_dir(prefix)
         except StoreError as e:
             if not self._failing:
-                log.warning("cannot list the store (%s); showing the local view only", e)
+                log.warning(
+                    "cannot list the store (%s); lookups are answered from what this node "
+                    "knows (an error in directories not listed since the mount)",
+                    e,
+                )
             self._failing = True
-            return None
+            return None, e.code == "NoSuchBucket"
         if self._failing:
             log.info("listing the store works again")
             self._failing = False
-        return listing
+        return listing, False
 
     async def _describe_new(
         self, d: Inode, prefix: str, listing: Listing
@@ -345,7 +434,7 @@ class Listings:
         if self.journal.lookup(d.id, name) is not None or self._gone(key, pending, started):
             return
         row = self._new_row(d, name, stat.S_IFDIR | 0o755, 0, time.time_ns())
-        self.states.insert_listed(row, None, None)
+        self._from_store.add(self.states.insert_listed(row, None, None))
         if key in described:  # else its marker, if any, is read at its lookup
             marker = described[key]
             meta = marker.meta if marker is not None else EntryMeta()

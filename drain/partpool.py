@@ -17,6 +17,13 @@ exits). Cancelling a part tells its worker to stop sending it and waits (up to
 then is killed (and replaced), so the part is never still in flight when the cancel returns.
 Closing the pool closes the sockets (the workers see end of file and exit), then kills what
 is still there after :data:`STOP_WAIT`.
+
+Workers hold their requests to the same :class:`drain.deadlines.Deadlines` as the daemon
+(given in the opening message). A part that stalls in a worker is told to the daemon as it
+happens (``{"id", "stalled": view}``, and ``"stalled": null`` once it moves again): the pool
+logs it once and lists it in :meth:`in_flight`. Each part request says whether to ask Expect:
+100-continue, and each answer whether the worker still does, so that the daemon and every
+worker learn it of the endpoint from whichever found out first.
 """
 
 from __future__ import annotations
@@ -29,11 +36,14 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
+from ckptgw.drain.deadlines import Deadlines
 from ckptgw.drain.partworker import Message, encode, error_of, receive, send
 from ckptgw.drain.store import StoreError
 
@@ -51,9 +61,16 @@ WORKER_DIED = "PartWorker"
 
 @dataclass
 class _Call:
+    what: str = ""
+    key: str = ""
+    size: int = 0
+    started: float = field(default_factory=time.monotonic)
     done: trio.Event = field(default_factory=trio.Event)
     reply: Message | None = None
     error: StoreError | None = None
+    stalled: Message | None = None  # the worker's view of it while it is stalled
+    stalled_at: float = 0.0  # when that view came
+    warned: bool = False
 
 
 class _Worker:
@@ -84,6 +101,9 @@ class PartPool:
         self.replaced = 0  # workers started again after one ended
         self.answered = 0  # answers the workers gave (sent, failed or cancelled)
         self.sent = 0  # parts the workers sent
+        self.stalls = 0  # parts that stalled in a worker (each counted once)
+        # Why the workers no longer ask Expect: 100-continue (None while they do).
+        self.no_continue: str | None = None
         self._deaths: collections.deque[float] = collections.deque(maxlen=DEATHS)
 
     @classmethod
@@ -94,14 +114,14 @@ class PartPool:
         *,
         url: str,
         endpoint_url: str | None,
-        read_timeout: float,
+        deadlines: Deadlines,
         max_connections: int,
     ) -> AsyncIterator[PartPool]:
         opening = {
             "op": "open",
             "url": url,
             "endpoint_url": endpoint_url,
-            "read_timeout": read_timeout,
+            "deadlines": deadlines.message(),
             "max_connections": max_connections,
         }
         try:
@@ -196,7 +216,12 @@ class PartPool:
                     worker.fatal = str(msg["fatal"])
                     continue
                 call = worker.calls.get(msg.get("id", 0))
+                if call is not None and "stalled" in msg:
+                    self._stalled(worker, call, msg["stalled"])
+                    continue
                 if call is not None:
+                    if msg.get("expect") is False and self.no_continue is None:
+                        self.no_continue = str(msg.get("no_continue") or "")
                     self.answered += 1
                     if "etag" in msg:
                         self.sent += 1
@@ -255,6 +280,41 @@ class PartPool:
         elif not worker.ready and not self.closing and self.usable:
             self._failed(f"worker {worker.proc.pid} {how} before it was ready")
 
+    def _stalled(self, worker: _Worker, call: _Call, view: Message | None) -> None:
+        """A worker's part stalled (``view``: how it looks there) or moved again (None)."""
+        call.stalled = view
+        call.stalled_at = time.monotonic()
+        if view is not None and not call.warned:
+            call.warned = True
+            self.stalls += 1
+            log.warning("%s (in part worker %d)", view.get("text", call.what), worker.proc.pid)
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        """The parts in the workers, as :meth:`drain.s3store.S3Store.in_flight` lists
+        requests: a stalled one as its worker last described it, aged since."""
+        now = time.monotonic()
+        out = []
+        for worker in self._workers:
+            for call in worker.calls.values():
+                view: dict[str, Any] = {
+                    "what": call.what,
+                    "key": call.key,
+                    "phase": "in a part worker",
+                    "age": round(now - call.started, 3),
+                    "idle": 0.0,
+                    "sent": 0,
+                    "size": call.size,
+                    "received": 0,
+                    "stalled": False,
+                }
+                if call.stalled is not None:
+                    later = now - call.stalled_at
+                    view |= {k: call.stalled[k] for k in view if k in call.stalled}
+                    view |= {"idle": round(float(call.stalled["idle"]) + later, 3)}
+                    view |= {"age": round(now - call.started, 3), "stalled": True}
+                out.append(view)
+        return out
+
     def _pick(self) -> _Worker | None:
         return min(self._workers, key=lambda w: len(w.calls)) if self._workers else None
 
@@ -268,15 +328,17 @@ class PartPool:
         length: int,
         *,
         checksum: bool,
+        expect: bool = True,
     ) -> tuple[str, int]:
         """What :meth:`Store.upload_part_from` returns, from a worker; ``checksum``: whether the
-        part carries its CRC32 (the upload was made with that algorithm)."""
+        part carries its CRC32 (the upload was made with that algorithm); ``expect``: whether
+        it may ask Expect: 100-continue (the daemon's store has not found it unanswered)."""
         what = f"PART {number} of {key}"
         worker = self._pick()
         if worker is None:
             raise StoreError(f"{what}: no part worker is running", temporary=True, code=WORKER_DIED)
         rid = next(self._ids)
-        call = _Call()
+        call = _Call(what, key, length)
         worker.calls[rid] = call
         request = {
             "op": "part",
@@ -287,6 +349,7 @@ class PartPool:
             "offset": offset,
             "length": length,
             "checksum": checksum,
+            "expect": expect and self.no_continue is None,
         }
         try:
             try:

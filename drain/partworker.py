@@ -7,16 +7,20 @@ schedules nothing and journals nothing.
 
 The protocol, one JSON object per ``SOCK_SEQPACKET`` message on the socket ``FD``:
 
-* daemon -> worker: first ``{"op": "open", "url", "endpoint_url", "read_timeout",
-  "max_connections"}``; then ``{"op": "part", "id", "key", "upload_id", "number", "offset",
-  "length", "checksum"}`` with the cache file's descriptor (``SCM_RIGHTS``: the worker reads
-  the file the daemon opened, no path and no second permission check), and ``{"op":
-  "cancel", "id"}``.
+* daemon -> worker: first ``{"op": "open", "url", "endpoint_url", "deadlines",
+  "max_connections"}`` (``deadlines``: :class:`drain.deadlines.Deadlines`, the daemon's);
+  then ``{"op": "part", "id", "key", "upload_id", "number", "offset", "length", "checksum",
+  "expect"}`` with the cache file's descriptor (``SCM_RIGHTS``: the worker reads the file the
+  daemon opened, no path and no second permission check), and ``{"op": "cancel", "id"}``.
+  ``expect`` false: the endpoint does not answer Expect: 100-continue, ask it no more.
 * worker -> daemon: ``{"ready": true}`` once its store is open; for each part one answer
   with its ``id``: ``{"etag", "crc"}``, ``{"error", "temporary", "code", "retry_after",
-  "not_found"}`` (a classified :class:`StoreError`) or ``{"cancelled": true}``; and
-  ``{"fatal": "..."}`` just before it exits on an error (the daemon logs it: a worker's
-  stderr may be /dev/null).
+  "not_found"}`` (a classified :class:`StoreError`) or ``{"cancelled": true}``, each with
+  ``"expect"`` (whether the worker still asks Expect: 100-continue) and ``"no_continue"``
+  (why not); ``{"id", "stalled": {...}}`` when a part's request stalls (its
+  :meth:`RequestWatch.view` and ``text``, the line to log) and ``{"id", "stalled": null}``
+  when it moves again; and ``{"fatal": "..."}`` just before it exits on an error (the daemon
+  logs it: a worker's stderr may be /dev/null).
 
 Credentials come only from the inherited environment and profile (the standard chain), never
 from the command line or the socket. A worker ends when the daemon's end of the socket
@@ -33,11 +37,13 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ckptgw.drain.deadlines import Deadlines, RequestWatch
 from ckptgw.drain.partbuffers import PartBuffers
 from ckptgw.drain.store import NotFound, StoreError, read_part, take_buffer
 from ckptgw.drain.storeurl import parse_store_url
@@ -117,22 +123,65 @@ async def serve(raw: socket.socket) -> None:
             with contextlib.suppress(OSError):  # the daemon is gone: the read loop ends too
                 await send(sock, msg)
 
+    stalls = _StallReports(trio.lowlevel.current_trio_token())
     try:
         async with S3Store.open(
             parse_store_url(opening["url"]),
             opening["endpoint_url"],
-            read_timeout=float(opening["read_timeout"]),
+            deadlines=Deadlines.from_message(opening.get("deadlines") or {}),
             max_connections=int(opening["max_connections"]),
+            on_stall=stalls.on_stall,
         ) as store:
+            stalls.store = store
             await answer({"ready": True})
-            await _serve_parts(sock, store, answer)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stalls.forward, answer)
+                await _serve_parts(sock, store, answer, stalls)
+                nursery.cancel_scope.cancel()
     except Exception as e:  # the daemon logs why (its stderr may be /dev/null)
         await answer({"fatal": f"{type(e).__name__}: {e}"})
         raise
 
 
+class _StallReports:
+    """Stalled requests of this worker's parts, told to the daemon (which logs them and
+    lists them in status: a worker has no log of its own)."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self.token = token
+        self.store: S3Store | None = None
+        self.parts: dict[str, int] = {}  # a part's request label -> its request id
+        self._send, self._receive = trio.open_memory_channel[Message](1000)
+
+    def on_stall(self, watch: RequestWatch, stalled: bool) -> None:
+        """On the client's asyncio thread: rare (twice per stall at most), so one wake-up
+        of trio each."""
+        from ckptgw.drain.s3store import stall_text
+
+        view: Message | None = None
+        if stalled and self.store is not None:
+            now = time.monotonic()
+            text = stall_text(watch, self.store.endpoint, self.store.watchdog.deadlines)
+            view = watch.view(now) | {"text": text}
+        with contextlib.suppress(trio.RunFinishedError):
+            self.token.run_sync_soon(self._queue, watch.what, view)
+
+    def _queue(self, what: str, view: Message | None) -> None:
+        rid = self.parts.get(what)
+        if rid is not None:
+            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError):
+                self._send.send_nowait({"id": rid, "stalled": view})
+
+    async def forward(self, answer: Callable[[Message], Awaitable[None]]) -> None:
+        async for msg in self._receive:
+            await answer(msg)
+
+
 async def _serve_parts(
-    sock: trio.socket.SocketType, store: S3Store, answer: Callable[[Message], Awaitable[None]]
+    sock: trio.socket.SocketType,
+    store: S3Store,
+    answer: Callable[[Message], Awaitable[None]],
+    stalls: _StallReports,
 ) -> None:
     # A part's cancel scope exists from the moment its request is read, so a cancel read
     # right after it (before its task has run) still reaches it.
@@ -143,6 +192,10 @@ async def _serve_parts(
         rid = int(msg["id"])
         reply: Message = {"cancelled": True}
         buf = None
+        what = f"PART {msg.get('number')} of {msg.get('key')}"  # S3Store.send_part's label
+        stalls.parts[what] = rid
+        if msg.get("expect") is False:
+            store.stop_expect(None)  # the daemon found it out: said there already
         with scope:
             try:
                 try:
@@ -168,7 +221,10 @@ async def _serve_parts(
         if buf is not None:  # cancelled: the request may still send from it (PartBuffers)
             (buffers.lost if scope.cancelled_caught else buffers.give)(buf)
         del scopes[rid]
-        await answer({"id": rid} | reply)
+        if stalls.parts.get(what) == rid:
+            del stalls.parts[what]
+        expect = {"expect": store.expect_continue, "no_continue": store.no_continue}
+        await answer({"id": rid} | reply | expect)
 
     async with trio.open_nursery() as nursery:
         while True:

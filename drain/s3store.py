@@ -9,9 +9,19 @@ and a PUT of 512 KiB 3.5-3.8 ms against 5.1-5.3 ms (ARCHITECTURE.md, "The S3 cli
 
 * Request bodies are :class:`ChunkedBody`: aiohttp sends them as an async iterable of 1 MiB
   chunks, with the length botocore measured, while botocore can still read and seek them.
-* A PUT or part asks ``Expect: 100-continue`` (botocore adds it, as boto3 does): its body is
-  sent once the store says it wants it, so a request it refuses (credentials, a bucket
-  policy) costs no upload.
+* A PUT or part asks ``Expect: 100-continue`` (our own botocore handler adds it, in place of
+  botocore's): its body is sent once the store says it wants it, so a request it refuses
+  (credentials, a bucket policy) costs no upload. An endpoint that does not answer it (some
+  proxies, load balancers and S3-compatible servers) would hold the body for ever (aiohttp
+  waits for the 100 without limit): the first request it leaves unanswered for
+  ``Deadlines.continue_wait`` (1 s) is sent again at once without it, and the store stops
+  asking that endpoint for the rest of its life (one WARNING; ``ckptgw status`` says so).
+  This is not a retry of a failure (:mod:`drain.retry` is the one place for those): it is the
+  same request in the form the endpoint speaks, at most once per call.
+* Every request is held to :class:`drain.deadlines.Deadlines` (connect, first byte of the
+  answer, no progress while bytes move) by a timer on the asyncio loop; an attempt past one
+  fails with a temporary StoreError (``Stalled``, ``Timeout``), and one past
+  ``Deadlines.warning`` without progress is logged once and listed by :meth:`view`.
 * botocore's own retries are off (one attempt per call); :mod:`drain.retry` is the one place.
 * Every PUT and every part carries its CRC32 (``x-amz-checksum-crc32``), so the store checks
   the bytes it received (a mismatch is ``BadDigest``, retried: the bytes go again), and a
@@ -34,8 +44,10 @@ import concurrent.futures
 import contextlib
 import datetime
 import email.utils
+import logging
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -44,7 +56,23 @@ import botocore.exceptions as bex
 import trio
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
+from botocore.handlers import add_expect_header
 
+from ckptgw.drain.deadlines import (
+    ANSWER,
+    CHECK_ANSWER,
+    CONNECTING,
+    CONTINUE,
+    CURRENT,
+    NO_CONTINUE,
+    RECEIVING,
+    SENDING,
+    Deadlines,
+    OnStall,
+    RequestWatch,
+    Watchdog,
+    limits,
+)
 from ckptgw.drain.partpool import PartPool
 from ckptgw.drain.store import (
     CREDENTIAL_CODES,
@@ -68,9 +96,12 @@ from ckptgw.drain.store import (
 from ckptgw.drain.storeurl import StoreURL
 from ckptgw.fsops.contentsum import crc32, crc32_b64
 
+log = logging.getLogger(__name__)
+
 CHUNK = 1 << 20
 INLINE_CRC = 1 << 20  # bodies up to this size have their CRC32 computed on the caller's thread
 CANCEL_WAIT = 5.0  # seconds a cancelled request may take to end on the asyncio side
+MAX_LISTED = 100  # requests in flight that status lists (the longest without progress)
 
 _TEMPORARY_CODES = {
     "SlowDown",
@@ -89,11 +120,12 @@ _TEMPORARY_CODES = {
 
 class ChunkedBody:
     """A request body botocore can read, seek and measure, and aiohttp streams in big
-    chunks (its async iteration)."""
+    chunks (its async iteration), which tells the request's watch how far it got."""
 
-    def __init__(self, data: Body) -> None:
+    def __init__(self, data: Body, watch: RequestWatch | None = None) -> None:
         self._data = memoryview(data)
         self._pos = 0
+        self._watch = watch
 
     def __len__(self) -> int:
         return len(self._data)
@@ -117,12 +149,21 @@ class ChunkedBody:
             yield self.read(CHUNK)
 
     async def __aiter__(self) -> AsyncIterator[memoryview]:
-        """What aiohttp sends: views of the body, not copies of it."""
+        """What aiohttp sends: views of the body, not copies of it. It asks for the first
+        once the 100 Continue came (or at once, without Expect), and for each next one once
+        the last is written out (its buffer drained): each is progress."""
+        watch = self._watch
+        if watch is not None:
+            watch.to(SENDING, time.monotonic())
         while self._pos < len(self._data):
             end = min(len(self._data), self._pos + CHUNK)
             chunk = self._data[self._pos : end]
             self._pos = end
             yield chunk
+            if watch is not None:  # asked for more: that one is written out
+                watch.moved(time.monotonic(), sent=len(chunk))
+        if watch is not None:
+            watch.to(ANSWER, time.monotonic())
 
 
 def translate(e: BaseException, what: str) -> StoreError:
@@ -242,6 +283,39 @@ def _retry_after(value: object) -> float | None:
 T = TypeVar("T")
 
 
+def _sending(request: Any, **kwargs: Any) -> None:
+    """botocore's ``before-send``: the request is signed and goes now (a connection, its
+    head, then its body). Returns None: anything else would be taken as its response."""
+    watch = CURRENT.get()
+    if watch is not None:
+        if request.headers.get("Expect") in (b"100-continue", "100-continue"):  # bytes here
+            watch.expect = True
+            phase = CONTINUE
+        else:
+            phase = CONNECTING if watch.size else ANSWER
+        watch.to(phase, time.monotonic())
+
+
+def stall_text(watch: RequestWatch, endpoint: str, deadlines: Deadlines) -> str:
+    """A stalled request for the log: what, where, since when, and what happens next."""
+    _, limit = limits(watch, deadlines)
+    idle = watch.idle(time.monotonic())
+    if watch.phase == SENDING:
+        moved = f", {_mib(watch.sent)} of {_mib(watch.size)} sent"
+    elif watch.phase == RECEIVING:
+        moved = f", {_mib(watch.received)} received"
+    else:
+        moved = ""
+    return (
+        f"{watch.what}: stalled at {endpoint}: no progress for {idle:.0f} s ({watch.phase}"
+        f"{moved}); cancelled and sent again if it does not move within {limit:g} s"
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
 class LoopThread:
     """An asyncio event loop on a thread of its own, and a way for trio to await on it."""
 
@@ -296,11 +370,28 @@ class LoopThread:
 class S3Store(Store):
     copy_limit = MAX_COPY
 
-    def __init__(self, url: StoreURL, client: Any, loop: LoopThread) -> None:
+    def __init__(
+        self,
+        url: StoreURL,
+        client: Any,
+        loop: LoopThread,
+        deadlines: Deadlines | None = None,
+        pool_size: int = 32,
+        on_stall: OnStall | None = None,
+    ) -> None:
         self.url = str(url)
         self.bucket = url.bucket
         self._client = client
         self._loop = loop
+        # The endpoint's URL (never credentials: the config refuses a URL that has some).
+        self.endpoint = str(client.meta.endpoint_url)
+        self.watchdog = Watchdog(
+            deadlines or Deadlines(), self.endpoint, pool_size, on_stall or self._log_stall
+        )
+        # Whether PUTs and parts ask Expect: 100-continue; why not, once the endpoint left
+        # one unanswered (None while it is asked).
+        self.expect_continue = True
+        self.no_continue: str | None = None
         # Uploads made with CRC32 checksums: upload id -> part number -> its CRC32, for the
         # complete, which must repeat them. Filled by upload_part, copy_part and list_parts
         # (a resumed upload); an upload whose checksums are unknown here sends none.
@@ -314,11 +405,15 @@ class S3Store(Store):
         endpoint_url: str | None = None,
         region: str | None = None,
         max_connections: int = 32,
-        read_timeout: float = 60.0,
+        deadlines: Deadlines | None = None,
         part_workers: int = 0,
+        on_stall: OnStall | None = None,
     ) -> AsyncIterator[S3Store]:
         """``part_workers`` > 0: parts sent with :meth:`upload_part_from` go from that many
-        worker processes (:mod:`drain.partpool`)."""
+        worker processes (:mod:`drain.partpool`). ``on_stall``: told of each request that
+        becomes stalled or moves again (on the asyncio thread); by default the first time
+        is logged."""
+        deadlines = deadlines or Deadlines()
         config = AioConfig(
             # No SHA-256 of every body on the trio thread: integrity comes from TLS, the CRC32
             # of every PUT and part (which the store checks) and the content checksum, checked
@@ -330,8 +425,10 @@ class S3Store(Store):
             retries={"total_max_attempts": 1, "mode": "standard"},
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
-            connect_timeout=10,
-            read_timeout=read_timeout,
+            connect_timeout=deadlines.connect,
+            # a backstop only: the watchdog (drain.deadlines) holds each request to its phase's
+            # deadline first
+            read_timeout=deadlines.read_timeout,
             max_pool_connections=max_connections,
         )
         loop = LoopThread()
@@ -345,14 +442,18 @@ class S3Store(Store):
                 raise translate(e, f"connecting to {url}") from None
             try:
                 async with contextlib.AsyncExitStack() as stack:
-                    store = cls(url, client, loop)
+                    store = cls(url, client, loop, deadlines, max_connections, on_stall)
+                    events = client.meta.events
+                    events.unregister("before-call.s3", add_expect_header)
+                    events.register("before-call.s3", store._ask_continue)
+                    events.register("before-send.s3", _sending)
                     if part_workers > 0:
                         store.part_pool = await stack.enter_async_context(
                             PartPool.open(
                                 part_workers,
                                 url=str(url),
                                 endpoint_url=endpoint_url,
-                                read_timeout=read_timeout,
+                                deadlines=deadlines,
                                 max_connections=max_connections,
                             )
                         )
@@ -363,9 +464,103 @@ class S3Store(Store):
         finally:
             loop.close()
 
-    async def _run(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
+    # -- deadlines and Expect: 100-continue --------------------------------------------------------
+
+    def _ask_continue(self, model: Any, params: dict[str, Any], **kwargs: Any) -> None:
+        """botocore's ``before-call`` (in place of its ``add_expect_header``): a PUT or part
+        with a body asks Expect: 100-continue while this endpoint answers it."""
+        body = params.get("body")
+        if (
+            self.expect_continue
+            and model.http.get("method") in ("PUT", "POST")
+            and isinstance(body, ChunkedBody)
+            and len(body)
+        ):
+            params["headers"]["Expect"] = "100-continue"
+
+    def stop_expect(self, why: str | None) -> None:
+        """Ask this endpoint for no more 100 Continues; ``why`` is logged (once), None when
+        someone else said it already (a part worker told by the daemon)."""
+        if not self.expect_continue:
+            return
+        self.expect_continue = False
+        self.no_continue = why or f"{self.endpoint} does not answer Expect: 100-continue"
+        if why is not None:
+            log.warning(
+                "%s; PUTs and parts go without Expect: 100-continue from now on (a request "
+                "the store refuses then costs its body)",
+                why,
+            )
+
+    def _log_stall(self, watch: RequestWatch, stalled: bool) -> None:
+        if stalled and not watch.warned:
+            log.warning("%s", stall_text(watch, self.endpoint, self.watchdog.deadlines))
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        """The requests in flight here and in the part workers, the longest without progress
+        first; each says whether it is ``stalled``."""
+        views = self.watchdog.views(time.monotonic())
+        if self.part_pool is not None:
+            views += self.part_pool.in_flight()
+        return sorted(views, key=lambda v: -v["idle"])
+
+    def requests_view(self) -> dict[str, Any]:
+        """What ``ckptgw status`` shows of the endpoint and its requests."""
+        dog = self.watchdog
+        d = dog.deadlines
+        requests = self.in_flight()
+        pool = self.part_pool
+        return {
+            "endpoint": self.endpoint,
+            "expect_continue": self.expect_continue,
+            "no_continue": self.no_continue,
+            "deadlines": {
+                "connect": d.connect,
+                "first_byte": d.first_byte,
+                "stall": d.stall,
+                "warning": d.warning,
+            },
+            "in_flight": len(requests),
+            "stalled": sum(v["stalled"] for v in requests),
+            "requests": requests[:MAX_LISTED],
+            "stalls": dog.stalls + (pool.stalls if pool is not None else 0),
+            "cancelled": dog.cancelled,
+        }
+
+    # -- calls -------------------------------------------------------------------------------------
+
+    async def _run(
+        self,
+        what: str,
+        make: Callable[[RequestWatch], Awaitable[T]],
+        *,
+        key: str = "",
+        size: int = 0,
+        slow: bool = False,
+        answer: float | None = None,
+    ) -> T:
+        """One request, held to the deadlines. Sent with Expect: 100-continue and left
+        without one, it goes again at once without it (see the module's docstring)."""
+        dog = self.watchdog
+        watch = dog.watch(what, key, size=size, slow=slow, answer=answer, now=time.monotonic())
+        dog.add(watch)
         try:
-            return await self._loop.run(make)
+            try:
+                return await self._attempt(what, make, watch)
+            except StoreError as e:
+                if e.code != NO_CONTINUE:
+                    raise
+                self.stop_expect(str(e))
+                watch.restart(time.monotonic())
+                return await self._attempt(what, make, watch)
+        finally:
+            dog.remove(watch)
+
+    async def _attempt(
+        self, what: str, make: Callable[[RequestWatch], Awaitable[T]], watch: RequestWatch
+    ) -> T:
+        try:
+            return await self._loop.run(lambda: self.watchdog.watched(watch, lambda: make(watch)))
         except (trio.Cancelled, KeyboardInterrupt):
             raise
         except concurrent.futures.CancelledError:
@@ -373,15 +568,39 @@ class S3Store(Store):
         except Exception as e:
             raise translate(e, what) from None
 
-    async def _call(self, what: str, op: str, **kwargs: Any) -> Any:
+    async def _call(
+        self,
+        what: str,
+        op: str,
+        *,
+        body: Body | None = None,
+        slow: bool = False,
+        answer: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """One botocore call; ``body``: the request's body (a fresh :class:`ChunkedBody` of
+        it per attempt); ``slow``: the store works on a whole object before it answers."""
+
+        def make(watch: RequestWatch) -> Awaitable[Any]:
+            if body is not None:
+                kwargs["Body"] = ChunkedBody(body, watch)
+            call: Callable[..., Awaitable[Any]] = getattr(self._client, op)
+            return call(Bucket=self.bucket, **kwargs)
+
         return await self._run(
-            what, lambda: getattr(self._client, op)(Bucket=self.bucket, **kwargs)
+            what,
+            make,
+            key=str(kwargs.get("Key", "")),
+            size=0 if body is None else len(body),
+            slow=slow,
+            answer=answer,
         )
 
     async def check(self) -> None:
         what = f"checking bucket {self.bucket}"
+        answer = min(self.watchdog.deadlines.first_byte, CHECK_ANSWER)
         try:
-            await self._call(what, "head_bucket")
+            await self._call(what, "head_bucket", answer=answer)
         except NotFound:  # HEAD has no body: a bare 404 is all S3 says
             raise StoreError(
                 f"{what}: the bucket does not exist", temporary=False, code="NoSuchBucket"
@@ -404,8 +623,8 @@ class S3Store(Store):
         r = await self._call(
             f"PUT {key}",
             "put_object",
+            body=data,
             Key=key,
-            Body=ChunkedBody(data),
             ContentLength=len(data),
             ChecksumCRC32=await crc32_of(data),
             Metadata=metadata,
@@ -421,12 +640,23 @@ class S3Store(Store):
         if etag is not None:
             kwargs["IfMatch"] = etag
 
-        async def fetch() -> bytes:
+        async def fetch(watch: RequestWatch) -> bytes:
             r = await self._client.get_object(Bucket=self.bucket, **kwargs)
+            watch.to(RECEIVING, time.monotonic())
+            data = bytearray()
             async with r["Body"] as body:
-                return bytes(await body.read())
+                async for chunk in body.raw_stream.content.iter_any():
+                    data += chunk
+                    watch.moved(time.monotonic(), received=len(chunk))
+            if len(data) != int(r["ContentLength"]):  # aiohttp raises first, as a rule
+                raise StoreError(
+                    f"GET {key}: {len(data)} of {r['ContentLength']} bytes arrived",
+                    temporary=True,
+                    code="Transport",
+                )
+            return bytes(data)
 
-        return await self._run(f"GET {key}", fetch)
+        return await self._run(f"GET {key}", fetch, key=key)
 
     async def get_into(
         self,
@@ -456,8 +686,9 @@ class S3Store(Store):
                 with contextlib.suppress(trio.RunFinishedError):
                     token.run_sync_soon(progress, n)
 
-        async def fetch() -> None:
+        async def fetch(watch: RequestWatch) -> None:
             r = await self._client.get_object(Bucket=self.bucket, **kwargs)
+            watch.to(RECEIVING, time.monotonic())
             if described is not None:
                 info = _info(key, r, _whole_size(r))
                 with contextlib.suppress(trio.RunFinishedError):
@@ -471,6 +702,7 @@ class S3Store(Store):
                         raise short_read(key, start, end, written + held + len(chunk))
                     pending.append(chunk)
                     held += len(chunk)
+                    watch.moved(time.monotonic(), received=len(chunk))
                     if held >= PIECE or len(pending) >= 512:  # IOV_MAX is 1024
                         written += _pwritev_all(fd, pending, start + written)
                         pending, held = [], 0
@@ -481,7 +713,7 @@ class S3Store(Store):
             if written != end - start:
                 raise short_read(key, start, end, written)
 
-        await self._run(f"GET {key} [{start}, {end})", fetch)
+        await self._run(f"GET {key} [{start}, {end})", fetch, key=key)
 
     async def head(self, key: str) -> ObjectInfo | None:
         try:
@@ -562,6 +794,7 @@ class S3Store(Store):
             Key=dst,
             CopySource={"Bucket": self.bucket, "Key": src},
             ChecksumAlgorithm="CRC32",
+            slow=True,
             **directive,
         )
         return str(r["CopyObjectResult"]["ETag"])
@@ -586,7 +819,9 @@ class S3Store(Store):
         }
         if etag is not None:
             kwargs["CopySourceIfMatch"] = etag
-        r = await self._call(f"COPY part {number} {src} -> {dst}", "upload_part_copy", **kwargs)
+        r = await self._call(
+            f"COPY part {number} {src} -> {dst}", "upload_part_copy", slow=True, **kwargs
+        )
         result = r["CopyPartResult"]
         crcs = self._crcs.get(upload_id)
         if crcs is not None and result.get("ChecksumCRC32"):  # the store computed it
@@ -654,9 +889,21 @@ class S3Store(Store):
         if self.part_pool is None or not self.part_pool.usable:
             return await super().upload_part_from(key, upload_id, number, fd, offset, length)
         crcs = self._crcs.get(upload_id)
-        etag, crc = await self.part_pool.upload_part(
-            key, upload_id, number, fd, offset, length, checksum=crcs is not None
-        )
+        pool = self.part_pool
+        try:
+            etag, crc = await pool.upload_part(
+                key,
+                upload_id,
+                number,
+                fd,
+                offset,
+                length,
+                checksum=crcs is not None,
+                expect=self.expect_continue,
+            )
+        finally:
+            if pool.no_continue is not None and self.expect_continue:  # a worker found out
+                self.stop_expect(pool.no_continue or None)
         if crcs is not None:
             crcs[number] = crc32_b64(crc)
         return etag, crc
@@ -672,10 +919,10 @@ class S3Store(Store):
         r = await self._call(
             f"PART {number} of {key}",
             "upload_part",
+            body=data,
             Key=key,
             UploadId=upload_id,
             PartNumber=number,
-            Body=ChunkedBody(data),
             ContentLength=len(data),
             **kwargs,
         )
@@ -714,6 +961,7 @@ class S3Store(Store):
         r = await self._call(
             f"COMPLETE {key}",
             "complete_multipart_upload",
+            slow=True,
             Key=key,
             UploadId=upload_id,
             MultipartUpload={"Parts": parts},

@@ -295,6 +295,12 @@ class Store(abc.ABC):
         buffers.give(buf)
         return etag, crc
 
+    def requests_view(self) -> dict[str, Any] | None:
+        """What ``ckptgw status`` shows of this store's requests: its endpoint, its deadlines,
+        the requests in flight and those stalled (:mod:`drain.deadlines`); None for a store
+        that makes none over a network (a file store)."""
+        return None
+
     @functools.cached_property
     def part_buffers(self) -> PartBuffers:
         """The buffers this store's parts are read into (made at first use)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from ckptgw.drain.deadlines import Deadlines
 from ckptgw.drain.filestore import FileStore
 from ckptgw.drain.store import Store
 from ckptgw.drain.storeurl import StoreURL
@@ -15,16 +16,17 @@ async def open_store(
     url: StoreURL,
     endpoint_url: str | None = None,
     *,
-    read_timeout: float = 60.0,
+    deadlines: Deadlines | None = None,
     part_workers: int = 0,
 ) -> AsyncIterator[Store]:
-    """``part_workers``: see :meth:`S3Store.open` (a file store sends every part itself)."""
+    """``deadlines`` (an S3 store's requests: :mod:`drain.deadlines`) and ``part_workers``:
+    see :meth:`S3Store.open` (a file store sends every part itself)."""
     if url.scheme == "file":
         yield FileStore(url)
         return
     from ckptgw.drain.s3store import S3Store  # botocore takes a second to import: only when needed
 
     async with S3Store.open(
-        url, endpoint_url, read_timeout=read_timeout, part_workers=part_workers
+        url, endpoint_url, deadlines=deadlines, part_workers=part_workers
     ) as store:
         yield store

@@ -22,7 +22,9 @@ class Remote(Protocol):
 
     def absent_for(self, directory: Inode) -> float:
         """Seconds for which a name ``directory`` lacks now may be taken as absent (the kernel
-        keeps the negative entry): until the store's view of it is due to be listed again."""
+        keeps the negative entry): until the store's view of it is due to be listed again.
+        Raises EIO where nothing may be taken as absent: the store was never listed there
+        and cannot be now (a false "no such file" would hide a file the store has)."""
         ...
 
     async def describe(self, ino: Inode) -> None:

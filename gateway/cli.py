@@ -356,6 +356,9 @@ def _start_in_background(argv: list[str], what: str) -> int:
                 if not chunk:
                     break
                 line += chunk
+            while line.startswith(b"wait: ") and b"\n" in line:  # what it waits for
+                said, line = line.split(b"\n", 1)
+                print(f"ckptgw: {said[6:].decode(errors='replace')}", file=sys.stderr)
     text = line.decode(errors="replace").strip()
     if text == "ok":
         return 0

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ckptgw.drain.deadlines import Deadlines
 from ckptgw.drain.lifecycle import BucketRules, RunPolicy
 from ckptgw.drain.retention import Policy
 from ckptgw.drain.storeurl import StoreURL, StoreURLError, parse_store_url
@@ -107,6 +108,11 @@ class Config:
     multipart_threshold: int = default("drain.multipart_threshold")
     permanent_retry: float = default("drain.permanent_retry")
     listing_ttl: float = default("store.listing_ttl")
+    connect_timeout: float = default("store.connect_timeout")
+    first_byte_timeout: float = default("store.first_byte_timeout")
+    stall_timeout: float = default("store.stall_timeout")
+    stall_warning: float = default("store.stall_warning")
+    lookup_wait: float = default("store.lookup_wait")
     cache_size: int | None = None  # None: the cache disk's room
     write_wait: float = default("cache.write_wait")
     fetch_chunk: int | None = None  # None: adapts to each object
@@ -123,6 +129,16 @@ class Config:
     lifecycle_interval: float = default("lifecycle.interval")
     checkpoint_patterns: tuple[str, ...] = default("lifecycle.patterns")
     bucket_rules: BucketRules = field(default_factory=BucketRules)
+
+    @property
+    def deadlines(self) -> Deadlines:
+        """What every request to the store is held to (drain.deadlines)."""
+        return Deadlines(
+            connect=self.connect_timeout,
+            first_byte=self.first_byte_timeout,
+            stall=self.stall_timeout,
+            warning=self.stall_warning,
+        )
 
     @property
     def log_path(self) -> Path:
@@ -242,6 +258,11 @@ def load_config(
         multipart_threshold=get("drain.multipart_threshold"),
         permanent_retry=get("drain.permanent_retry"),
         listing_ttl=get("store.listing_ttl"),
+        connect_timeout=get("store.connect_timeout"),
+        first_byte_timeout=get("store.first_byte_timeout"),
+        stall_timeout=get("store.stall_timeout"),
+        stall_warning=get("store.stall_warning"),
+        lookup_wait=get("store.lookup_wait"),
         cache_size=get("cache.size"),
         write_wait=get("cache.write_wait"),
         fetch_chunk=get("cache.fetch_chunk"),

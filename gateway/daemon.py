@@ -24,16 +24,19 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyfuse3
 import trio
 
 from ckptgw.drain.checkpoints import Recognizer
+from ckptgw.drain.deadlines import CHECK_ANSWER
 from ckptgw.drain.engine import DrainConfig, DrainEngine
 from ckptgw.drain.entries import Entries
 from ckptgw.drain.fetch import FetchConfig, Fetcher
 from ckptgw.drain.lifecycle import Lifecycle
 from ckptgw.drain.listing import ListingConfig, Listings
+from ckptgw.drain.lookupwait import LookupWait
 from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.drain.readthrough import ReadThrough
 from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
@@ -262,12 +265,54 @@ def drain_config(cfg: Config) -> DrainConfig:
     )
 
 
-async def check_store(store: RetryingStore, cfg: Config) -> str | None:
+async def check_store(
+    store: RetryingStore, cfg: Config, ready: Readiness | None = None
+) -> str | None:
     """Fail the mount (UserError) on a store error only the user can fix; a one-line warning
     for one that may pass (the drain keeps retrying, so fixing it needs no remount). What may
     be a node still starting (no credentials from the instance role yet, no network) is
-    checked again for up to ``MOUNT_PATIENCE`` seconds before the mount fails."""
+    checked again for up to ``MOUNT_PATIENCE`` seconds before the mount fails.
+
+    Each try is held to the store's deadlines (an S3 store answers its check within
+    ``s3store.CHECK_ANSWER`` seconds or the try fails), so a store that accepts connections
+    and never answers costs a mount about half a minute, not minutes; a check not done
+    within ``CHECK_NOTICE`` seconds is said, with what it waits for, in the log and to
+    ``ckptgw mount`` (``ready``), which prints it."""
     deadline = trio.current_time() + MOUNT_PATIENCE
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_check_notices, store, cfg, ready)
+        try:
+            return await _check_store(store, cfg, deadline)
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+CHECK_NOTICE = 3.0  # seconds of a store check before the mount says what it waits for
+
+
+async def _check_notices(store: RetryingStore, cfg: Config, ready: Readiness | None) -> None:
+    """While the check goes on: what it waits for, every ``CHECK_NOTICE`` seconds."""
+    while True:
+        await trio.sleep(CHECK_NOTICE)
+        view = store.inner.requests_view() or {}
+        where = f" at {view['endpoint']}" if view.get("endpoint") else ""
+        doing = ""
+        for r in view.get("requests", []):
+            if r["what"].startswith("checking"):
+                doing = f": {r['phase']} for {r['idle']:.0f} s"
+        attempts = MOUNT_CHECK.attempts
+        now = sum(store.stats.errors.values()) % attempts + 1
+        answer = min(cfg.first_byte_timeout, CHECK_ANSWER)
+        line = (
+            f"checking the store {cfg.store}{where}{doing} (try {now} of {attempts}, each "
+            f"waits up to {answer:g} s for an answer)"
+        )
+        log.info("%s", line)
+        if ready is not None:
+            ready.progress(line)
+
+
+async def _check_store(store: RetryingStore, cfg: Config, deadline: float) -> str | None:
     while True:
         try:
             await store.with_policy(MOUNT_CHECK).check()
@@ -306,6 +351,8 @@ async def _read_through(
     entries = Entries(
         fs.table, fs.states, fs.keys, store, cfg.listing_ttl, lookup_store=listing_store
     )
+    # A lookup waits for those few attempts no longer than lookup_wait (drain.lookupwait).
+    waits = LookupWait(cfg.lookup_wait, _store_where(cfg))
     listings = Listings(
         fs.table,
         fs.states,
@@ -313,6 +360,7 @@ async def _read_through(
         entries,
         listing_store,
         ListingConfig(ttl=cfg.listing_ttl),
+        waits,
     )
     fetcher = Fetcher(
         fs.table,
@@ -335,10 +383,23 @@ async def _read_through(
         auto=cfg.prefetch,
     )
     async with trio.open_nursery() as nursery:
+        await nursery.start(waits.run)
         await nursery.start(fetcher.run)
         await nursery.start(prefetcher.run)
         remote = ReadThrough(listings, entries, fetcher, prefetcher)
         task_status.started((fetcher, prefetcher, remote))
+
+
+def _store_where(cfg: Config) -> str:
+    """The store and, for S3, its endpoint, as messages name them: no credentials (the
+    store's URL has none; an endpoint's user and password, refused by the config, would be
+    left out)."""
+    if cfg.store.scheme != "s3":
+        return str(cfg.store)
+    if cfg.endpoint_url is None:
+        return f"{cfg.store} (AWS S3)"
+    parts = urlsplit(cfg.endpoint_url)
+    return f"{cfg.store} at {parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
 def _paths(request: dict[str, Any]) -> list[str]:
@@ -495,7 +556,9 @@ async def _serve(
     reporter: Reporter | None = None
 
     async with (
-        open_store(cfg.store, cfg.endpoint_url, part_workers=cfg.part_workers) as raw,
+        open_store(
+            cfg.store, cfg.endpoint_url, deadlines=cfg.deadlines, part_workers=cfg.part_workers
+        ) as raw,
         trio.open_nursery() as nursery,
     ):
         stats = RetryStats()
@@ -524,7 +587,7 @@ async def _serve(
                     nursery.start_soon(_drain_then_stop, engine, reporter, cfg, f"received {name}")
 
         await nursery.start(on_signals)
-        warning = await check_store(store, cfg)
+        warning = await check_store(store, cfg, ready)
         engine = DrainEngine(fs, store, drain_config(cfg), scheduler, stats)
         await nursery.start(engine.run)
         fetcher, prefetcher, remote = await nursery.start(_read_through, fs, store, cfg)
@@ -540,6 +603,7 @@ async def _serve(
             store_local=local_store(cfg.store) is not None,
             log_path=cfg.log_path,
             part_pool=raw.part_pool,
+            store=raw,
         )
         lifecycle = Lifecycle(
             fs,

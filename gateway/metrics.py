@@ -96,6 +96,7 @@ class GatewayCollector(Collector):
         for kind, n in sorted(st["errors"].items()):
             errors.add_metric([*mp, kind], n)
         yield errors
+        yield from _endpoint_metrics(st.get("store_requests"), labels, mp)
         hist = r.engine.drained.part_seconds
         h = HistogramMetricFamily(
             "ckptgw_upload_part_seconds", "Time per uploaded part or single PUT", labels=labels
@@ -140,6 +141,52 @@ class GatewayCollector(Collector):
             "1 while draining for shutdown or preemption",
             st["mode"] != "serving",
         )
+
+
+def _endpoint_metrics(
+    view: dict[str, Any] | None, labels: list[str], mp: list[str]
+) -> Iterator[Metric]:
+    """The S3 endpoint's requests (Store.requests_view), labelled with the endpoint (a URL
+    without credentials), never with a request's key: one series per endpoint."""
+    if not view:
+        return
+    names, values = [*labels, "endpoint"], [*mp, str(view["endpoint"])]
+
+    def one(
+        family: type[GaugeMetricFamily | CounterMetricFamily], name: str, doc: str, v: float
+    ) -> Metric:
+        m = family(f"ckptgw_store_{name}", doc, labels=names)
+        m.add_metric(values, v)
+        return m
+
+    stalled = [q for q in view["requests"] if q["stalled"]]
+    yield one(
+        GaugeMetricFamily,
+        "requests_in_flight",
+        "Requests to the store in flight",
+        view["in_flight"],
+    )
+    yield one(
+        GaugeMetricFamily,
+        "requests_stalled",
+        "Requests in flight without progress for store.stall_warning seconds or more",
+        view["stalled"],
+    )
+    yield one(
+        GaugeMetricFamily,
+        "stalled_seconds",
+        "The longest a request in flight has gone without progress, among the stalled ones",
+        max((q["idle"] for q in stalled), default=0.0),
+    )
+    yield one(
+        CounterMetricFamily, "stalls", "Requests that stalled (each counted once)", view["stalls"]
+    )
+    yield one(
+        GaugeMetricFamily,
+        "expect_continue",
+        "1 while PUTs and parts ask Expect: 100-continue (0: the endpoint left one unanswered)",
+        1 if view["expect_continue"] else 0,
+    )
 
 
 class MetricsServer:

@@ -18,7 +18,8 @@ from pathlib import Path
 PROTOCOL_VERSION = 1
 # ``ckptgw mount`` (and ``serve nfs``) passes the process it starts a pipe's fd in this
 # variable; that one writes one line to it: ``ok``, ``ok warning: ...`` (mounted, with one
-# warning) or ``error: ...``.
+# warning) or ``error: ...``, after any number of ``wait: ...`` lines (what it waits for,
+# which the CLI prints as they come).
 READY_FD_ENV = "CKPTGW_READY_FD"
 
 # The longest a ``pending`` request may ``wait`` in the daemon before it answers, in seconds.
@@ -59,6 +60,13 @@ class Readiness:
             except OSError:
                 pass
             self._fd = None
+
+    def progress(self, line: str) -> None:
+        """What we are waiting for, before ``ok`` or ``failed`` (e.g. a store that does not
+        answer): the CLI prints it."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):  # whoever waited is gone: ok() says the same
+                os.write(self._fd, f"wait: {line.strip()}\n".encode())
 
     def ok(self, warning: str | None = None) -> None:
         self._send("ok" if warning is None else f"ok warning: {warning}")

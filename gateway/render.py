@@ -151,6 +151,8 @@ def status_text(st: dict[str, Any], colour: bool = False) -> str:
     )
     if st["last_error"]:
         lines.append(f"  last error: {st['last_error']}")
+    if st.get("store_requests"):
+        lines += store_request_lines(st["store_requests"], paint)
     if st.get("part_workers"):
         lines.append(part_workers_line(st["part_workers"], paint))
     lines += [warmup_line(w, paint) for w in st.get("warmups", []) if w["phase"] != "done"]
@@ -161,6 +163,44 @@ def status_text(st: dict[str, Any], colour: bool = False) -> str:
         lines.append(paint(f"  preemption notice: {notice}", "local"))
     lines += checkpoint_lines(st, paint, now)
     return "\n".join(lines)
+
+
+def store_request_lines(view: dict[str, Any], paint: Painter) -> list[str]:
+    """The endpoint, when something is wrong with it: each stalled request (what, for which
+    file, doing what, for how long), and Expect: 100-continue turned off."""
+    lines = []
+    if view["stalled"]:
+        lines.append(
+            paint(
+                f"  endpoint  {view['endpoint']}: {view['stalled']} of "
+                f"{plural(view['in_flight'], 'request')} in flight stalled (no progress for "
+                f"{age(view['deadlines']['warning'])} or more; cancelled and retried at "
+                f"{age(view['deadlines']['stall'])} while bytes move, "
+                f"{age(view['deadlines']['first_byte'])} waiting for an answer)",
+                "local",
+            )
+        )
+    for r in view["requests"]:
+        if r["stalled"]:
+            lines.append(paint(f"  STALLED   {stalled_text(r)}", "local"))
+    if not view["expect_continue"]:
+        lines.append(
+            f"  endpoint  {view['endpoint']}: Expect: 100-continue off ({view['no_continue']})"
+        )
+    return lines
+
+
+def stalled_text(r: dict[str, Any]) -> str:
+    """ "PART 3 of run/latest.pt (/mnt/ckpt/run/latest.pt): no progress for 12 s (sending,
+    3.0 MiB of 16.0 MiB sent)"."""
+    path = f" ({r['path']})" if r.get("path") else ""
+    if r["phase"] == "sending":
+        moved = f", {size(r['sent'])} of {size(r['size'])} sent"
+    elif r["phase"] == "receiving":
+        moved = f", {size(r['received'])} received"
+    else:
+        moved = ""
+    return f"{r['what']}{path}: no progress for {age(r['idle'])} ({r['phase']}{moved})"
 
 
 def warmup_line(w: dict[str, Any], paint: Painter) -> str:
@@ -344,7 +384,13 @@ def retries_text(st: dict[str, Any], now: float) -> str:
 
 
 # Error kinds of our own making, in words; S3's error codes (SlowDown, ...) stay as they are.
-_KINDS = {"Transport": "transport", "Cancelled": "cancelled", "NoCredentials": "no credentials"}
+_KINDS = {
+    "Transport": "transport",
+    "Cancelled": "cancelled",
+    "NoCredentials": "no credentials",
+    "Stalled": "stalled",
+    "Timeout": "no answer",
+}
 
 
 def plan_text(

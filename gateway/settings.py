@@ -244,6 +244,7 @@ class Setting:
 
 
 SECONDS = Number()
+DEADLINE = Number(0.1)  # seconds a request may wait: never 0 (every wait has a bound)
 _STORE_DIR = (
     "`file:///var/lib/ckptgw/store` as root, else `file://$XDG_DATA_HOME/ckptgw/store` "
     "(`~/.local/share/ckptgw/store`)"
@@ -282,6 +283,23 @@ SETTINGS = (
             field="endpoint_url"),
     Setting("store", "listing_ttl", SECONDS, 5.0,
             "seconds a directory listing of the store is reused", field="listing_ttl"),
+    Setting("store", "lookup_wait", Number(0.1), 2.0,
+            "seconds a lookup waits for the store (a listing, an entry's metadata); then it is "
+            "answered from what this node knows, where that cannot wrongly say a file is "
+            "missing, and the request goes on in the background", field="lookup_wait"),
+    Setting("store", "connect_timeout", DEADLINE, 10.0,
+            "seconds to open a connection to the S3 endpoint", field="connect_timeout"),
+    Setting("store", "first_byte_timeout", DEADLINE, 30.0,
+            "seconds from a request sent to the first byte of its answer; then the attempt is "
+            "cancelled and retried (CompleteMultipartUpload and copies: 10x, the store works on "
+            "the whole object first)", field="first_byte_timeout"),
+    Setting("store", "stall_timeout", DEADLINE, 30.0,
+            "seconds without a byte moving while a request's body is sent or an answer's is "
+            "received; then the attempt is cancelled and retried", field="stall_timeout"),
+    Setting("store", "stall_warning", DEADLINE, 10.0,
+            "seconds without progress after which a request counts as stalled: one warning in "
+            "the log, and `ckptgw status` and the metrics name it until it moves again",
+            field="stall_warning"),
     Setting("store", "allow_local", Bool(), False,
             "accept a `file://` store on this node's own disks, which does not survive the node",
             flag="--allow-local-store", field="allow_local_store"),

@@ -25,6 +25,7 @@ from ckptgw.drain.lifecycle import Lifecycle as Retention
 from ckptgw.drain.partpool import PartPool
 from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.drain.progress import UploadProgress
+from ckptgw.drain.store import Store
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import InodeRow, State
 from ckptgw.gateway.checkpointrows import checkpoint_rows
@@ -63,6 +64,7 @@ class Reporter:
         store_local: bool = False,
         log_path: Path | None = None,
         part_pool: PartPool | None = None,
+        store: Store | None = None,
     ) -> None:
         self.mountpoint = mountpoint
         self.store_url = store_url
@@ -71,6 +73,7 @@ class Reporter:
         self.store_local = store_local
         self.log_path = log_path
         self.part_pool = part_pool
+        self.store = store  # the bare store: its endpoint and requests in flight
         self.fs = fs
         self.engine = engine
         self.fetch_stats = fetch_stats
@@ -197,6 +200,18 @@ class Reporter:
             self.engine.flush(inodes)
         return self.pending(paths)
 
+    def store_requests(self) -> dict[str, Any] | None:
+        """The store's endpoint and its requests in flight (``Store.requests_view``), each
+        stalled one with the path of the file it is for, where it is one of ours."""
+        view = self.store.requests_view() if self.store is not None else None
+        if view is None:
+            return None
+        prefix = self.fs.keys.prefix
+        for r in view["requests"]:
+            key = str(r.get("key") or "")
+            r["path"] = str(self.mountpoint / key.removeprefix(prefix)) if key else None
+        return view
+
     def _upload(self, p: UploadProgress, prefix: str) -> dict[str, Any]:
         """One upload, under the file's current name. The upload writes the key the file had
         when it began (``sent_as``, when that differs): a rename meanwhile moves the object
@@ -238,7 +253,13 @@ class Reporter:
         space = self.fs.space
         retry = self.engine.stats
         prefix = self.fs.keys.prefix
-        uploads = [self._upload(p, prefix) for p in self.engine.running()]
+        running = self.engine.running()
+        uploads = [self._upload(p, prefix) for p in running]
+        store_requests = self.store_requests()
+        if store_requests is not None:  # an upload names its stalled requests
+            stalled = [r for r in store_requests["requests"] if r["stalled"]]
+            for u, p in zip(uploads, running, strict=True):
+                u["stalled"] = [f"{r['what']} ({r['phase']})" for r in stalled if r["key"] == p.key]
         checkpoints, listed = checkpoint_rows(
             self.mountpoint, self.recognizer, (v for _, v in files), self.retention, now
         )
@@ -306,5 +327,6 @@ class Reporter:
             "checkpoints": checkpoints,
             "nfs": read_state(self.fs.cache.root),
             "part_workers": None if self.part_pool is None else self.part_pool.view(),
+            "store_requests": store_requests,
             **listed,  # store_listing and pins
         }

@@ -10,6 +10,7 @@ again, the multipart upload aborted; a line says so when that fails."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -19,6 +20,7 @@ from typing import TypeVar
 
 import trio
 
+from ckptgw.drain.deadlines import Deadlines
 from ckptgw.drain.store import Store, StoreError
 from ckptgw.drain.stores import open_store
 from ckptgw.gateway.config import Config
@@ -121,6 +123,14 @@ async def _step(what: str, call: Callable[[], Awaitable[T]]) -> T:
     raise StoreError(f"{what}: no answer in {STEP_TIMEOUT:g} s", temporary=True, code="Timeout")
 
 
+def _deadlines(cfg: Config) -> Deadlines:
+    """The mount's deadlines, none beyond a step's time: a store that does not answer in
+    time is said so by the step that waited, not cut off by trio's timeout unexplained."""
+    d = cfg.deadlines
+    short = STEP_TIMEOUT - 1.0
+    return dataclasses.replace(d, first_byte=min(d.first_byte, short), stall=min(d.stall, short))
+
+
 def _failure(cfg: Config, e: StoreError) -> str:
     return explain(e, cfg.store, cfg.endpoint_url)[0]
 
@@ -132,7 +142,7 @@ def _key(cfg: Config, suffix: str = "") -> str:
 async def _probe(cfg: Config) -> list[Check]:
     out: list[Check] = []
     try:
-        async with open_store(cfg.store, cfg.endpoint_url, read_timeout=STEP_TIMEOUT) as store:
+        async with open_store(cfg.store, cfg.endpoint_url, deadlines=_deadlines(cfg)) as store:
             if not await _reach(store, cfg, out):
                 return out
             await _round_trip(store, cfg, out)

@@ -10,7 +10,18 @@ Faults apply to the next ``count`` requests whose method and path match:
   ``seconds`` (default 50, under the client's read timeout): an upload seen mid-way without
   depending on timing; with ``drop``, the held request is then dropped, not forwarded (its
   client gave up on it: it must never reach the server after the client's retry);
-* ``corrupt``: flip one byte in the middle of the body on the way (a damaged network path).
+* ``corrupt``: flip one byte in the middle of the body on the way (a damaged network path);
+* ``silent``: accept the request and never answer: read its head, send nothing (no 100
+  Continue either) until the test calls ``release()`` or ``seconds`` pass (default 600),
+  then close the connection;
+* ``stop-reading``: read the head (answering a 100 Continue) and ``after`` bytes of the body
+  (default 1 MiB), then stop reading (the client's writes back up) until released;
+* ``stop-sending``: forward the request, then send the head of the answer and half its body,
+  and nothing more until released.
+
+``ignore_expect``: the proxy never answers ``Expect: 100-continue`` (as some proxies, load
+balancers and S3-compatible servers do not): it waits for the body without a 100, as RFC 9110
+lets a server do. ``expected`` lists the paths of the requests that asked for one.
 
 A request with an ``x-amz-checksum-crc32`` header has its body checked against it, as S3 does
 and moto does not: a mismatch is answered 400 ``BadDigest`` and not forwarded. ``checked``
@@ -37,6 +48,7 @@ class Fault:
     count: int = 1
     seconds: float = 0.0
     drop: bool = False  # "hold": never forward the held request
+    after: int = 1 << 20  # "stop-reading": body bytes read before it stops
     hits: int = 0
     released: threading.Event = field(default_factory=threading.Event)
 
@@ -122,6 +134,8 @@ class FaultProxy:
     faults: list[Fault] = field(default_factory=list)
     log: list[tuple[str, str, str]] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+    ignore_expect: bool = False
+    expected: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -143,6 +157,9 @@ class FaultProxy:
     def close(self) -> None:
         self._closing = True
         self._listener.close()
+        with self._lock:
+            for f in self.faults:  # connections held by a fault end now
+                f.release()
 
     def _accept(self) -> None:
         while not self._closing:
@@ -172,8 +189,27 @@ class FaultProxy:
                 m, p = method.decode(), path.decode()
                 fault = self._take(m, p)
                 headers = _headers(head)
+                if fault is not None and fault.kind == "silent":
+                    self.log.append((m, p, "silent"))
+                    fault.released.wait(fault.seconds or 600.0)
+                    return
                 if headers.get("expect", "").lower() == "100-continue":
-                    client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # as S3 does: send it
+                    self.expected.append(p)
+                    if self.ignore_expect:  # wait for the body without a 100
+                        self.log.append((m, p, "no-100"))
+                    else:
+                        client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # as S3 does
+                if fault is not None and fault.kind == "stop-reading":
+                    # No receive window growing beyond this: the client's writes back up.
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+                    while len(buf) < fault.after:
+                        chunk = client.recv(65536)
+                        if not chunk:
+                            return
+                        buf += chunk
+                    self.log.append((m, p, "stop-reading"))
+                    fault.released.wait(fault.seconds or 600.0)
+                    return
                 if fault is not None and fault.kind == "reset":
                     n = int(headers.get("content-length", "0"))
                     while len(buf) < n // 2:
@@ -182,6 +218,9 @@ class FaultProxy:
                     client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return
                 body = _read_body(client, buf, headers)
+                if len(body) < int(headers.get("content-length", "0")):
+                    self.log.append((m, p, "gone"))  # the client gave up before its body
+                    return
                 if fault is not None and fault.kind == "corrupt" and body:
                     damaged = bytearray(body)
                     damaged[len(body) // 2] ^= 0xFF
@@ -207,6 +246,8 @@ class FaultProxy:
                         return
                 elif fault is not None and fault.kind == "corrupt":
                     self.log.append((m, p, "corrupt"))
+                elif fault is not None and fault.kind == "stop-sending":
+                    self.log.append((m, p, "stop-sending"))
                 else:
                     self.log.append((m, p, "ok"))
                 if upstream is None:
@@ -222,7 +263,9 @@ class FaultProxy:
                 if (method != b"HEAD" and method != b"GET") or body:
                     lines.append(b"Content-Length: %d" % len(body))
                 upstream.sendall(b"\r\n".join(lines) + b"\r\n\r\n" + body)
-                self._relay_response(upstream, client, m)
+                self._relay_response(upstream, client, m, fault)
+                if fault is not None and fault.kind == "stop-sending":
+                    return
         except OSError:
             return
         finally:
@@ -231,7 +274,9 @@ class FaultProxy:
                 upstream.close()
 
     @staticmethod
-    def _relay_response(upstream: socket.socket, client: socket.socket, method: str) -> None:
+    def _relay_response(
+        upstream: socket.socket, client: socket.socket, method: str, fault: Fault | None = None
+    ) -> None:
         ubuf = bytearray()
         while True:
             head = _read_head(upstream, ubuf)
@@ -250,4 +295,8 @@ class FaultProxy:
                 ln for ln in head.split(b"\r\n") if not ln.lower().startswith(b"transfer-encoding")
             ]
             head = b"\r\n".join(lines[:-2]) + b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+        if fault is not None and fault.kind == "stop-sending":  # half of it, then nothing
+            client.sendall(head + body[: len(body) // 2])
+            fault.released.wait(fault.seconds or 600.0)
+            return
         client.sendall(head + body)

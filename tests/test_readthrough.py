@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import stat
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -449,3 +450,88 @@ def test_a_warmup_larger_than_the_cache_evicts_nothing_dirty_and_says_what_did_n
     for rel, data in shards.items():  # what did not fit is read through
         assert (b.mountpoint / rel).read_bytes() == data, rel
     nodes.drained({"scratch/dirty.bin": dirty})
+
+
+# -- a slow store (drain/lookupwait.py; deterministic tiers: tests/test_slowstore.py) -----------
+
+
+def _log(gw: CheckedGateway) -> str:
+    return (gw.cache_dir / "ckptgw.log").read_text(errors="replace")
+
+
+@any_data_path  # names and listings: the same on either data path
+@pytest.mark.parametrize("nodes", ["s3"], indirect=True)
+def test_a_save_is_not_held_by_stalled_listings_and_all_of_it_becomes_durable(
+    nodes: Nodes,
+) -> None:
+    """Every LIST held (for up to 120 s) while the trainer saves a checkpoint of 50 shards
+    into a new directory of a directory listed before: each directory's first lookup waits
+    store.lookup_wait (2 s) at most, the rest answer from the journal. The save ends long
+    before the hold would (bound: 30 s, where the defect is 120 s), every file drains, and
+    the log says what waits for which store, once."""
+    proxy = nodes.count_requests()
+    nodes.put("run/step_0/model.pt", b"an older checkpoint")
+    a = nodes.node("a")
+    assert os.listdir(a.mountpoint / "run") == ["step_0"]  # run/ is listed: the journal knows it
+    held = proxy.add(Fault("hold", "GET", r"list-type=2", count=10**6, seconds=120))
+    shards = {f"run/step_1/shard_{i:02}.distcp": os.urandom(8 << 10) for i in range(50)}
+    started = time.monotonic()
+    (a.mountpoint / "run/step_1").mkdir()
+    for rel, data in shards.items():
+        (a.mountpoint / rel).write_bytes(data)
+    (a.mountpoint / "run/latest").write_bytes(b"step_1")
+    took = time.monotonic() - started
+    assert took < 30, f"the save took {took:.0f} s behind the held listings"
+    assert held.hits >= 2 and not held.released.is_set()  # run/ and run/step_1/ were held
+    nodes.drained({**shards, "run/latest": b"step_1"})  # the uploads are not held
+    warnings = [line for line in _log(a).splitlines() if " WARNING " in line]
+    stalls = [line for line in warnings if "has not completed LIST ckpt/run/" in line]
+    assert len(stalls) == 1, warnings  # once per episode
+    assert f"s3://{nodes.bucket}/ckpt/ at {proxy.url}" in stalls[0]  # the store and endpoint
+    assert "ckptgw-test-secret" not in _log(a)
+    held.release()
+    wait_for("the held listings to end", lambda: "answers again" in _log(a))
+    # What the held listings brought is merged: the names are all still there, once each.
+    assert sorted(os.listdir(a.mountpoint / "run")) == ["latest", "step_0", "step_1"]
+    assert sorted(os.listdir(a.mountpoint / "run/step_1")) == sorted(
+        p.rsplit("/", 1)[1] for p in shards
+    )
+
+
+@any_data_path
+@pytest.mark.parametrize("nodes", ["s3"], indirect=True)
+def test_a_fresh_node_never_says_a_durable_file_is_missing_when_its_listing_is_slow_or_fails(
+    nodes: Nodes,
+) -> None:
+    """A fresh node restoring: a directory it never listed has nothing in the journal to
+    answer from. Its first LIST held past store.lookup_wait: the lookup waits for it and
+    finds the file. Its first LIST failing (503 SlowDown for every attempt, retried and
+    logged as retries are): EIO for the file and for reading the directory, never ENOENT or
+    an empty directory; once the store answers, the file is there."""
+    a = nodes.node("a")
+    files = {"run/step_1/model.pt": os.urandom(1 << 20), "run/step_2/model.pt": b"weights"}
+    for rel, data in files.items():
+        (a.mountpoint / rel).parent.mkdir(parents=True, exist_ok=True)
+        (a.mountpoint / rel).write_bytes(data)
+    nodes.drained(files)
+    a.stop()
+    proxy = nodes.count_requests()
+    # A directory's listing (the status's catalog lists checkpoints without a delimiter).
+    listing = r"list-type=2&prefix=ckpt%2Frun%2F{}%2F&delimiter=%2F"
+    slow = proxy.add(Fault("hold", "GET", listing.format("step_1"), seconds=5))
+    failing = proxy.add(Fault("slowdown", "GET", listing.format("step_2"), count=6))  # 2 x 3 tries
+
+    b = nodes.node("b")
+    assert (b.mountpoint / "run/step_1/model.pt").read_bytes() == files["run/step_1/model.pt"]
+    assert slow.hits == 1  # it was held, and waited for
+
+    step_2 = b.mountpoint / "run/step_2"
+    assert errno_of(os.stat, step_2 / "model.pt") == errno.EIO
+    assert errno_of(os.listdir, step_2) == errno.EIO
+    assert failing.hits == 6
+    time.sleep(0.3)  # listing_ttl (0.2 s): due again, and the store answers now
+    assert (step_2 / "model.pt").read_bytes() == b"weights"
+    assert os.listdir(step_2) == ["model.pt"]
+    log = _log(b)
+    assert "list ckpt/run/step_2/: " in log and "retry 2 in" in log  # counted retries
+    assert "cannot list the store" in log

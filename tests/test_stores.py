@@ -18,6 +18,7 @@ import pytest
 import trio
 import trio.testing
 
+from ckptgw.drain.deadlines import Deadlines
 from ckptgw.drain.entries import read_meta
 from ckptgw.drain.retry import RetryPolicy, RetryStats, retrying
 from ckptgw.drain.store import (
@@ -393,12 +394,12 @@ def test_get_into_writes_a_range_in_place_as_it_arrives(
 
 @asynccontextmanager
 async def proxied(
-    endpoint: str, bucket: str, read_timeout: float = 10
+    endpoint: str, bucket: str, deadlines: Deadlines | None = None
 ) -> AsyncIterator[tuple[Store, FaultProxy]]:
     proxy = FaultProxy(int(endpoint.rsplit(":", 1)[1]))
     try:
         url = parse_store_url(f"s3://{bucket}/")
-        async with open_store(url, proxy.url, read_timeout=read_timeout) as store:
+        async with open_store(url, proxy.url, deadlines=deadlines) as store:
             yield store, proxy
     finally:
         proxy.close()
@@ -482,7 +483,7 @@ def test_every_body_carries_its_crc32_and_a_damaged_part_goes_again(
 
 def test_a_stall_beyond_the_read_timeout_is_retried(s3_endpoint: str, bucket: str) -> None:
     async def go() -> None:
-        async with proxied(s3_endpoint, bucket, read_timeout=0.5) as (store, proxy):
+        async with proxied(s3_endpoint, bucket, Deadlines(first_byte=0.5)) as (store, proxy):
             proxy.add(Fault("stall", "PUT", "/stalled", count=1, seconds=2))
             stats = RetryStats()
             await retrying("put", lambda: store.put("stalled", b"x" * 1000, {}), FAST, stats)
