@@ -217,8 +217,10 @@ class DrainEngine:
         """Uploads journaled by an earlier run: keep those that can resume, abort the rest."""
         for record in self.journal.all_uploads():
             row = self.journal.get(record.inode)
-            if row is None or row.parent is None or row.generation != record.generation:
-                await self.uploader.discard(record)  # an abort that fails is left to the sweep
+            if row is None or row.parent is None:
+                await self.uploader.discard(record)  # its unlink doomed what it sent
+            elif row.generation != record.generation:  # an abort that fails: the sweep's
+                await self.uploader.discard(record, self.table.get(record.inode))
 
     async def _abort_orphans(self) -> None:
         """Abort multipart uploads under our prefix that no journal entry wants. Other nodes

@@ -2,6 +2,12 @@
 attribute changes journaled (:mod:`fsops.storekeys`), carried out in order, woken by events
 rather than polling.
 
+A key is never deleted while an entry holds it (:meth:`fsops.storekeys.StoreKeys.held`): an
+entry that took the name since the operation was journaled replaces the object instead (a
+delete claimed before it was sent is gone from the journal; one found held when its turn
+comes is skipped, and so is a move's delete of its source). So a name that is being replaced
+is never missing from the store.
+
 A move is a server-side copy then a delete of the source. A metadata update ('meta') is a
 server-side copy of the object onto itself with the entry's metadata as it is when the copy
 runs; an entry that is no longer clean or remote by then takes its metadata with its upload,
@@ -92,41 +98,65 @@ class StoreOps:
                 ):
                     n += 1
                 batch = ops[i : i + n]
+                i += n
                 for op in batch:
                     await self.scheduler.key_free(op.src)  # an upload still writes src
                     if op.dst is not None:
                         await self.scheduler.key_free(op.dst)  # or dst: the move must land last
-                if n > 1:
-                    await self.store.delete_many([op.src for op in batch])
+                # A delete may have been claimed while we waited: an entry took its name.
+                batch = [op for op in batch if self.journal.store_op_pending(op.id)]
+                if not batch:
+                    continue
+                if batch[0].kind == "delete":
+                    kept = await self._delete([op.src for op in batch])
                 else:
-                    await self._apply(batch[0])
-                self.fs.keys.done(*batch)
+                    kept = await self._apply(batch[0])
+                self.fs.keys.done(*batch, kept=kept)
                 self.scheduler.wake()  # uploads waiting for these keys may start
-                i += n
 
-    async def _apply(self, op: StoreOp) -> None:
-        if op.kind == "delete":
-            await self.store.delete(op.src)
-            return
+    async def _delete(self, keys: list[str]) -> frozenset[str]:
+        """Delete the keys no entry holds (one request, or one per 1,000); returns the others,
+        which are left in place for the entries that replace them."""
+        kept = frozenset(k for k in keys if self.fs.keys.held(k))
+        doomed = [k for k in keys if k not in kept]
+        for key in kept:
+            log.info("kept %s: the entry now at that name replaces it", key)
+        if not doomed:
+            return kept
+        deleting = self.fs.keys.deleting
+        deleting.update(doomed)  # from here on too late for a claim
+        try:
+            if len(doomed) > 1:
+                await self.store.delete_many(doomed)
+            else:
+                await self.store.delete(doomed[0])
+        finally:
+            deleting.difference_update(doomed)
+        return kept
+
+    async def _apply(self, op: StoreOp) -> frozenset[str]:
+        """Carry out a move or a metadata update; returns the keys it left in place rather
+        than delete (a move's source that an entry holds by now)."""
         if op.kind == "meta":
             await self._update_metadata(op)
-            return
-        assert op.dst is not None
+            return frozenset()
+        assert op.kind == "move" and op.dst is not None
         try:
             etag = await self.store.copy(op.src, op.dst)
         except NotFound:
             if await self.store.head(op.dst) is not None:
                 log.info("moved %s -> %s (before a restart)", op.src, op.dst)
-                return  # done before a crash: the copy landed and src was deleted
+                return frozenset()  # done before a crash: the copy landed, src was deleted
             self._lost_source(op)
-            return
+            return frozenset()
         row = self.journal.stored_at(op.dst)
         if row is not None:
             # A copy gives the object a new ETag (S3 too, for multipart objects): record it,
             # so that listings do not mistake our own object for someone else's.
             self.fs.states.etag_changed(row, etag)
-        await self.store.delete(op.src)
-        log.info("moved %s -> %s", op.src, op.dst)
+        kept = await self._delete([op.src])
+        log.info("%s %s -> %s", "copied" if kept else "moved", op.src, op.dst)
+        return kept
 
     async def _update_metadata(self, op: StoreOp) -> None:
         found = self.journal.stored_at(op.src)
@@ -174,6 +204,8 @@ class StoreOps:
         if found is None:
             return
         row = self.fs.table.current(found)
+        if row.state not in (State.CLEAN, State.REMOTE):
+            return  # the previous version of an entry whose own upload goes anyway
         log.warning(
             "object %s vanished %s; %s",
             key,

@@ -47,7 +47,7 @@ from ckptgw.drain.store import (
 )
 from ckptgw.fsops.contentsum import PARTS, composite, crc32_b64, part_size_of, parts_checksum
 from ckptgw.fsops.inodes import Inode, InodeTable
-from ckptgw.fsops.journal import UploadRow
+from ckptgw.fsops.journal import State, UploadRow
 from ckptgw.fsops.objectmeta import CHECKSUM, encode
 from ckptgw.fsops.state import FileStates
 from ckptgw.fsops.storekeys import StoreKeys
@@ -188,7 +188,7 @@ class Uploader:
                 # xxh3-128 of the whole file instead)
                 and part_size_of(record.checksum)
             ):
-                await self.discard(record)
+                await self.discard(record, ino)
                 record = None
             if size <= self.config.multipart_threshold:
                 etag, record = await self._single(ino, fd, generation, key, progress)
@@ -387,12 +387,25 @@ class Uploader:
         self.keys.note_stored(record.key)
         return clean
 
-    async def discard(self, record: UploadRow) -> None:
-        """Abort an upload nobody wants any more, and forget it."""
+    async def discard(self, record: UploadRow, ino: Inode | None = None) -> None:
+        """Abort an upload nobody wants any more, and forget it. A single PUT (no upload id)
+        of ``ino``, a named entry, may have landed before its answer was lost (a restart):
+        what it left is handled as any stale upload's (:meth:`StoreKeys.sent_stale`)."""
         if record.upload_id is not None:
             with contextlib.suppress(StoreError):
                 await self.store.abort_multipart(record.key, record.upload_id)
-        self._drop(record)
+        with self.journal.transaction():
+            if record.upload_id is None and self._may_have_landed(record, ino):
+                assert ino is not None
+                self.keys.sent_stale(ino, record.key, None)
+            self.journal.drop_upload(record.inode)
+
+    def _may_have_landed(self, record: UploadRow, ino: Inode | None) -> bool:
+        """Whether what ``record``'s PUT may have left is to be handled: not where an upload
+        of ``ino`` begins now at the same key (its own record covers that key)."""
+        if ino is None or ino.parent is None:
+            return False
+        return ino.state is State.DIRTY or record.key != self.keys.entry_key(ino)
 
 
 def _check(ino: Inode, generation: int) -> None:

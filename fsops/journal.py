@@ -101,6 +101,15 @@ _IS_REG = f"(mode & {stat.S_IFMT(0xFFFFFFFF)}) = {stat.S_IFREG}"
 # A directory's link count (2 + its subdirectories) is asked with every reply about it: this
 # index answers it without walking the directory's files (added to older journals at open).
 _SUBDIRS_INDEX = f"CREATE INDEX IF NOT EXISTS inodes_subdirs ON inodes (parent) WHERE {_IS_DIR}"
+# An entry that takes a name looks for pending operations on its key (StoreKeys.claim): a
+# create in the middle of an `rm -rf` of thousands of files must not scan them all.
+_STORE_OPS_INDEX = "CREATE INDEX IF NOT EXISTS store_ops_by_src ON store_ops (src)"
+# The entries not in the store yet (dirty_files: the drain's audit, flush, the emergency
+# drain's end) are read without a scan of every entry the journal holds.
+_NOT_DURABLE = f"state IN ('{State.DIRTY.value}', '{State.UPLOADING.value}')"
+_NOT_DURABLE_INDEX = (
+    f"CREATE INDEX IF NOT EXISTS inodes_not_durable ON inodes (id) WHERE {_NOT_DURABLE}"
+)
 
 
 @dataclass
@@ -200,13 +209,16 @@ _SCHEMA = """
         ) WITHOUT ROWID;
 
         -- Store operations a namespace change implies, committed with it and done in id order:
-        -- 'move' (server-side copy src -> dst, then delete src) and 'delete' (src).
+        -- 'move' (server-side copy src -> dst, then delete src unless an entry holds src by
+        -- then), 'delete' (src, unless an entry holds it by then; an entry that takes the
+        -- name before the delete starts drops it: StoreKeys.claim) and 'meta' (src copied
+        -- onto itself with the entry's metadata).
         CREATE TABLE store_ops (
             id     INTEGER PRIMARY KEY,
             kind   TEXT NOT NULL,            -- move | delete | meta
             src    TEXT NOT NULL,
             dst    TEXT,
-            etag   TEXT                      -- the etag src must still have (move)
+            etag   TEXT                      -- src's etag when journaled (move, delete), if known
         );
 
         CREATE TABLE xattrs (
@@ -297,6 +309,8 @@ class Journal:
                 f"journal {path} has schema version {version}, this ckptgw reads {SCHEMA_VERSION}"
             )
         self.db.execute(_SUBDIRS_INDEX)
+        self.db.execute(_STORE_OPS_INDEX)
+        self.db.execute(_NOT_DURABLE_INDEX)
         self.epoch = int(self.get_meta("epoch") or 0)
         self._next_id = self._max_id() + 1
 
@@ -754,8 +768,7 @@ class Journal:
     def dirty_files(self) -> list[int]:
         """Named entries of every kind that the store lacks (dirty) or is being sent."""
         rows = self.db.execute(
-            "SELECT id FROM inodes WHERE state IN (?, ?) AND parent IS NOT NULL",
-            (State.DIRTY, State.UPLOADING),
+            f"SELECT id FROM inodes WHERE {_NOT_DURABLE} AND parent IS NOT NULL"
         ).fetchall()
         return [int(r[0]) for r in rows]
 
@@ -807,6 +820,19 @@ class Journal:
         r = self.db.execute(
             "SELECT 1 FROM store_ops WHERE kind = ? AND src = ? LIMIT 1", (kind, src)
         ).fetchone()
+        return r is not None
+
+    def store_ops_from(self, key: str) -> list[StoreOp]:
+        """Pending operations that delete ``key`` or move its object away, in order."""
+        rows = self.db.execute(
+            "SELECT id, kind, src, dst, etag FROM store_ops "
+            "WHERE src = ? AND kind IN ('delete', 'move') ORDER BY id",
+            (key,),
+        ).fetchall()
+        return [StoreOp(*r) for r in rows]
+
+    def store_op_pending(self, op_id: int) -> bool:
+        r = self.db.execute("SELECT 1 FROM store_ops WHERE id = ?", (op_id,)).fetchone()
         return r is not None
 
     def store_ops(self, limit: int = 1000) -> list[StoreOp]:

@@ -144,6 +144,8 @@ class Namespace:
         """Insert the row (and create its empty cache file) in one transaction."""
         with self.journal.transaction():
             row.id = self.states.insert_local(row)
+            # An object left under this name (the entry's before) is replaced, not deleted.
+            self.keys.claim(row, self.keys.new_key(parent.id, row.name or b"", row.mode))
             if cache_file:
                 self.table.cache.create(row.id)
             self.journal.touch_dir(parent.id, row.ctime_ns)

@@ -303,6 +303,18 @@ class FileStates:
         ino.stored_key, ino.stored_etag = key, etag
         self._write(ino)
 
+    def stored_previous(self, row: InodeRow, key: str, etag: str | None) -> None:
+        """The entry took a name under which the store still holds another entry's object (a
+        file it replaced, or one unlinked just before it was created): that object is kept
+        as this entry's previous version, which its upload replaces (a rename or unlink
+        first deletes it, as any older version). So the name is never missing from the store
+        while the new version drains."""
+        row = self._current(row)
+        if row.state not in (DIRTY, UPLOADING):
+            raise self._refuse("stored_previous", row)
+        row.stored_key, row.stored_etag = key, etag
+        self._write(row)
+
     def etag_changed(self, row: InodeRow, etag: str) -> None:
         """A server-side copy gave our object a new ETag."""
         row = self._current(row)

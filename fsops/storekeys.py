@@ -13,9 +13,17 @@ implies commits with the change itself and is resumed after a crash:
   S); unlinked, delete S; its stored metadata changed (chmod, chown, utimes, xattrs), copy S
   onto itself with the new metadata ('meta').
 
-An exchange of two stored entries (RENAME_EXCHANGE) moves one of them to a temporary key
+A key is replaced, never removed and then added: an entry that takes a name (created, or
+renamed to it) whose key still holds another entry's object, to be deleted or moved away by a
+pending operation, claims it (:meth:`StoreKeys.claim`). The delete is dropped (unless it is
+being sent), and the object stays until the new entry's upload or move overwrites it, which S3
+does atomically; until then it is the entry's previous version (``stored_key`` of a dirty or
+uploading row). Only keys that no entry holds are deleted: a delete, or a move's delete of its
+source, is skipped by :mod:`drain.storeops` when an entry holds the key by then.
+
+An exchange of two stored entries (RENAME_EXCHANGE) copies one of them to a temporary key
 under ``.ckptgw-exchange/`` first, so that neither move overwrites what the other still has to
-copy.
+copy; each original key stays in place until the other's object is copied onto it.
 
 This holds for every kind of entry. A directory's object is its marker, whose key ends in "/"
 (:meth:`StoreKeys.entry_key`); renaming a directory moves its marker and every object below.
@@ -54,6 +62,8 @@ class StoreKeys:
         # that started before then may still show the object, which must not bring it back.
         self.recently_removed: Recent = Recent()
         self._op_done = trio.Event()
+        # Keys whose delete is being sent now (drain.storeops): too late for a claim.
+        self.deleting: set[str] = set()
 
     def note_stored(self, key: str) -> None:
         self.recently_stored.note(key, time.monotonic())
@@ -74,16 +84,23 @@ class StoreKeys:
 
     # -- journaled store operations ------------------------------------------------------------
 
-    def done(self, *ops: StoreOp) -> None:
+    def held(self, key: str) -> bool:
+        """Whether an entry holds ``key``: its content is (or, after a pending move, will be)
+        there, or it is the previous version that the entry's upload replaces. Such a key is
+        never deleted."""
+        return self.journal.stored_at(key) is not None
+
+    def done(self, *ops: StoreOp, kept: frozenset[str] = frozenset()) -> None:
         """Store operations are carried out: forget them (one transaction), and wake whoever
-        waits for their keys."""
+        waits for their keys. ``kept``: keys they were to delete that an entry held by then,
+        so they were left in place."""
         with self.journal.transaction():
             for op in ops:
                 self.journal.done_store_op(op.id)
         for op in ops:
             if op.kind == "meta":
                 self.note_stored(op.src)
-            else:
+            elif op.src not in kept:
                 self.note_removed(op.src)
             if op.dst is not None:
                 self.note_stored(op.dst)
@@ -113,23 +130,66 @@ class StoreKeys:
         mem = self.table.peek(inode)
         return mem if mem is not None else self.journal.get(inode)
 
-    def _delete(self, key: str, inode: int) -> None:
+    def _delete(self, key: str, inode: int, etag: str | None = None) -> None:
         """Journal the delete of ``key``, unless another file's content is (or, with a move
-        pending, will be) there: a rename put that file in this one's old place."""
+        pending, will be) there: a rename put that file in this one's old place. An entry
+        that takes the name before the delete is sent claims the object instead."""
         if self.journal.stored_at(key, other_than=inode) is None:
-            self.journal.add_store_op("delete", key)
+            self.journal.add_store_op("delete", key, None, etag)
             self.events.store_ops_added()
+
+    def new_key(self, parent: int, name: bytes, mode: int) -> str:
+        """The key of an entry named ``name`` in directory ``parent``, from the directory's
+        path (remembered: a save creates many files in one), not a walk up from the entry."""
+        return object_key(self.key([*self.journal.path_components(parent), name]), mode)
+
+    def claim(self, row: InodeRow, key: str) -> None:
+        """``row`` has just taken its name (a create, a rename), whose key is ``key``: keep
+        what the store holds there for the entry that had the name before, until ``row``
+        replaces it.
+
+        A pending delete of the key is dropped, unless it is being sent; a pending move away
+        from the key leaves it in place (:mod:`drain.storeops` deletes no key an entry
+        holds). A clean or remote entry replaces the object by its own move to the key; an
+        entry not uploaded yet records it as its previous version, which its upload
+        overwrites (and a rename or unlink before then deletes)."""
+        if row.parent is None:
+            return
+        if row.state in (State.CLEAN, State.REMOTE) and row.stored_key != key:
+            return  # it writes nothing there (a directory without a marker)
+        if key in self.deleting:
+            return  # too late: its delete is on its way
+        ops = self.journal.store_ops_from(key)
+        if not ops:
+            return
+        etag = None
+        for op in ops:
+            if op.kind == "delete":
+                self.journal.done_store_op(op.id)
+            etag = op.etag or etag
+        if (
+            row.state in (State.DIRTY, State.UPLOADING)
+            and row.stored_key != key
+            and self.journal.stored_at(key, other_than=row.id) is None
+        ):
+            self.states.stored_previous(row, key, etag)
+        self.events.store_ops_added()  # an upload that waited for the key may start
 
     def moved(self, inode: int, new_path: str) -> None:
         """The entry's path is ``new_path`` (a key) now."""
         row = self._row(inode)
         if row is None:
             return
-        new_key = object_key(new_path, row.mode)
+        key = object_key(new_path, row.mode)
+        self._move_stored(row, key)
+        self.claim(self._row(inode) or row, key)
+
+    def _move_stored(self, row: InodeRow, new_key: str) -> None:
+        """What the store holds of ``row`` follows it to ``new_key``."""
         if not row.stored_key or row.stored_key == new_key:
             return
         if row.state is State.UPLOADING:
-            record = self.journal.get_upload(inode)
+            record = self.journal.get_upload(row.id)
             if record is None or record.key == row.stored_key:
                 return  # the upload overwrites that object, then moves it to new_key
         if row.state in (State.CLEAN, State.REMOTE):
@@ -142,7 +202,7 @@ class StoreKeys:
                 self.journal.add_store_op("meta", new_key)
             self.events.store_ops_added()
         else:
-            self._delete(row.stored_key, inode)
+            self._delete(row.stored_key, row.id, row.stored_etag)
             self.states.stored_dropped(row)
 
     def moved_tree(self, directory: int, new_dir_key: str) -> None:
@@ -176,11 +236,12 @@ class StoreKeys:
                 # What the upload sent may land: delete it, in order before any later change
                 # of that key (a rename over it journals a move to it after this).
                 doomed.add(record.key)
-        if ino.stored_key:
-            doomed.add(ino.stored_key)
+        stored, etag = ino.stored_key, ino.stored_etag
+        if stored:
+            doomed.add(stored)
             self.states.stored_dropped(ino)
         for key in sorted(doomed):
-            self._delete(key, ino.id)
+            self._delete(key, ino.id, etag if key == stored else None)
 
     def sent_stale(self, ino: Inode, key: str, etag: str | None) -> None:
         """An upload of ``ino`` to ``key`` (its key when the upload began) ended without making
@@ -195,7 +256,7 @@ class StoreKeys:
             if ino.stored_key is None:
                 self.states.stored_stale(ino, key, etag)
             return
-        self._delete(key, ino.id)
+        self._delete(key, ino.id, etag)
         if ino.stored_key == key:
             self.states.stored_dropped(ino)
 

@@ -66,10 +66,19 @@ class GatedStore(FileStore):
     def open(self, name: str) -> None:
         self.gates[name][1].set()
 
+    def close(self, name: str) -> None:
+        """Make the gate hold the next call again (a fresh ``entered`` too)."""
+        self.gates[name] = (trio.Event(), trio.Event())
+
     async def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
+        await self.gate("before_create")  # the request is slow to reach the store
         upload_id = await super().create_multipart(key, metadata)
         await self.gate("create_multipart")  # created, but its answer is slow to come back
         return upload_id
+
+    async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> str:
+        await self.gate("complete")
+        return await super().complete_multipart(key, upload_id, etags)
 
     async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
         etag = await super().put(key, data, metadata)
@@ -135,8 +144,10 @@ class Node:
 
 
 @asynccontextmanager
-async def node(tmp_path: Path, *gated: str, **drain: Any) -> AsyncIterator[Node]:
-    store = GatedStore(tmp_path / "store", *gated)
+async def node(
+    tmp_path: Path, *gated: str, store_cls: type[GatedStore] = GatedStore, **drain: Any
+) -> AsyncIterator[Node]:
+    store = store_cls(tmp_path / "store", *gated)
     await store.check()
     scheduler = Scheduler(DrainConfig().schedule())
     cache = tmp_path / "cache"
