@@ -21,6 +21,10 @@ Rules:
 * ``flush`` makes files due now, ahead of all others, and retries failed ones at once. The
   emergency drain (SIGTERM, preemption) flushes everything, newest file first, with up to
   ``max_parts`` uploads at once, and keeps skipping the settle delay for later files.
+* No wake-up is lost: at idle moments (no upload running, nothing due; at most once a
+  second) the worker's dirty files are compared with what is queued (:meth:`Scheduler.audit`).
+  A file that is dirty and quiet (no writer, no fsync) yet neither queued nor uploading, at
+  two such moments in a row, is a bug: it is logged as an error and queued at once.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ SMALL_FILE = 4 << 20  # up to this size a file takes the small files' lane
 # With one lane full, due files are looked at for the other lane up to this many: a burst of
 # thousands of small files does not cost a look at each of them every time one ends.
 SCAN = 32
+AUDIT_SPACING = 1.0  # seconds between two audits, at least (an audit reads every dirty file)
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,9 @@ class Scheduler:
         self.ops_wanted = Signal()  # store operations were journaled, or a flush retries them
         self._worker: Worker | None = None
         self._flush_all = False
+        self._audited = -math.inf  # when the last audit ran
+        self._suspects: set[int] = set()  # unqueued at the last audit: lost if again now
+        self.lost_wakeups = 0  # files the audit found dirty, quiet and unqueued (bugs)
 
     # -- DrainEvents: what the filesystem reports (trio thread, never blocks) -----------------
 
@@ -266,11 +274,45 @@ class Scheduler:
                 now = trio.current_time()
                 hold = self._hold_until if self._hold_until > -math.inf else math.inf
                 wake = min(self._next_due(now), hold)
+                if not self._running and wake > now and now - self._audited >= AUDIT_SPACING:
+                    self._audited = now
+                    if self.audit(worker):
+                        continue  # queued: start them now
                 delay = max(0.01, min(wake - now, 60.0))
+                if self._suspects:  # confirm or clear them soon
+                    delay = min(delay, AUDIT_SPACING)
                 self._sleep_until = trio.current_time() + delay
                 with trio.move_on_after(delay):
                     await self._wake.wait()
                 self._sleep_until = -math.inf  # awake: every change is seen by the next look
+
+    def audit(self, worker: Worker) -> list[int]:
+        """Compare the worker's dirty files with the queue; returns the files found lost.
+
+        A dirty file that no writer or fsync holds (:meth:`Worker.look` says Ready) must be
+        due or uploading: its last release, fsync, truncate or rename reported it. One that
+        is neither, here and at the previous audit too (a report may be a moment away, e.g.
+        an open that creates a file awaits before its handle exists), was lost: a bug,
+        logged as an error, and the file is queued now so its data still drains."""
+        lost = []
+        suspects = set()
+        for inode in worker.dirty():
+            if inode in self._due or inode in self._running:
+                continue
+            if not isinstance(worker.look(inode), Ready):
+                continue  # written, fsynced or gone: that report comes
+            if inode not in self._suspects:
+                suspects.add(inode)
+                continue
+            lost.append(inode)
+            log.error(
+                "bug: %s is dirty and quiet but was not queued for upload; queued now",
+                worker.key(inode),
+            )
+            self._set_due(inode, trio.current_time())
+        self._suspects = suspects
+        self.lost_wakeups += len(lost)
+        return lost
 
     def _next_due(self, now: float) -> float:
         """When a file becomes due next. Files due already and not started (their lane or

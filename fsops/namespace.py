@@ -184,7 +184,9 @@ class Namespace:
         that says what it is. (Making a device needs CAP_MKNOD, which the kernel checks.)"""
         kind = stat.S_IFMT(mode)
         if kind in (0, stat.S_IFREG):
-            return self.create_file(parent_id, name, mode, caller)
+            ino = self.create_file(parent_id, name, mode, caller)
+            self.states.quiet(ino)  # made without an open: no release will report it
+            return ino
         if kind not in (stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
             raise fs_error(errno.EINVAL)
         parent = self._dir(parent_id)

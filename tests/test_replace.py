@@ -11,6 +11,7 @@ the test always looks at.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -433,6 +434,19 @@ def test_overwriting_a_durable_file_through_a_mount_never_leaves_its_key_missing
         if poller is not None:
             poller.stop()
         proxy.close()
+
+
+@any_data_path
+def test_a_regular_file_made_by_mknod_is_drained(mnt: Path, tmp_path: Path) -> None:
+    """mknod(S_IFREG) makes a file no open holds, so no release ever reports it: it must be
+    queued when it is made (it was left dirty until the next mount). Nothing here asks for
+    a flush (``ckptgw wait`` would)."""
+    os.mknod(mnt / "made.bin", stat.S_IFREG | 0o644)
+    stored = tmp_path / "store" / "made.bin"  # the mount's embedded file:// store
+    deadline = time.monotonic() + 30  # the settle delay is 0.2 s; the audit would take ~60
+    while not stored.exists():
+        assert time.monotonic() < deadline, "a file made by mknod was never uploaded"
+        time.sleep(0.05)
 
 
 def test_a_put_that_landed_before_a_restart_under_an_old_name_is_not_left_behind(

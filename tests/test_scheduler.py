@@ -595,3 +595,44 @@ def test_an_unexpected_error_is_logged_and_the_file_retried(
     with caplog.at_level(logging.ERROR, logger="ckptgw.drain.scheduler"):
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert "failed unexpectedly" in caplog.text
+
+
+# -- the audit: no lost wake-up -------------------------------------------------------------------
+
+
+def test_a_dirty_quiet_file_that_was_never_reported_is_found_and_queued(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A file whose report was lost (a bug elsewhere) is found by the audit at idle moments:
+    once as a suspect, then, still unqueued a second later, logged as a bug and started."""
+
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        w.files[1] = FakeFile("lost")  # dirty and quiet, but nobody called written()
+        w.files[2] = FakeFile("open", hold=Hold.WRITING)  # its release will report it
+        await trio.sleep(120)
+        assert [i for _, i in w.started] == [1]
+        # Found at the idle loop's next wake-up (at most a minute), then confirmed a second
+        # later: not left for ever.
+        assert starts(w, 1)[0] <= 62.0
+        assert s.lost_wakeups == 1 and not w.files[1].dirty
+
+    with caplog.at_level(logging.ERROR, logger="ckptgw.drain.scheduler"):
+        run(test)
+    assert "bug: lost is dirty and quiet but was not queued" in caplog.text
+
+
+def test_a_file_reported_between_two_audits_is_no_lost_wakeup() -> None:
+    """The first audit may see a file a moment before its report comes (an open that made
+    it is still under way): only one unqueued at two audits in a row counts."""
+
+    async def test(s: Scheduler, w: FakeWorker) -> None:
+        await trio.sleep(1.5)  # past the start's own audit
+        w.files[1] = FakeFile("late")
+        s.wake()  # an idle moment: the audit sees it unqueued
+        await trio.sleep(0.5)
+        assert s._suspects == {1}
+        s.written(1)
+        await trio.sleep(5)
+        assert starts(w, 1) and s.lost_wakeups == 0
+
+    run(test)
