@@ -40,6 +40,12 @@ class FileView:
     # DRAINING for a store operation only: the store has this content already, under the
     # file's old name (a move to its name is pending) or with old metadata (an update is).
     moving: bool = False
+    # Not durable, but the store holds this name's previous version (the file it replaced,
+    # or its own older content), which stays there until the new version replaces it.
+    previous: bool = False
+    # Not durable: since when (seconds since the epoch) its content has been only on this
+    # node (the first report of the change not yet in the store). None when durable.
+    since: float | None = None
 
 
 @dataclass
@@ -59,6 +65,20 @@ class CheckpointView:
         it is cached. Each file counts once; a file waiting only for a move counts in
         :attr:`moving_bytes` instead, so over all checkpoints this is status's dirty_bytes."""
         return sum(f.size for f in self.files if f.state != DURABLE and not f.moving)
+
+    @property
+    def local_since(self) -> float | None:
+        """Since when the oldest content of it the store lacks has been only on this node
+        (the exposure window's start); None when the store has all of it."""
+        return min(
+            (f.since for f in self.files if f.since is not None and not f.moving), default=None
+        )
+
+    @property
+    def replacing(self) -> int:
+        """Files whose new version is not durable yet while the store still holds their
+        previous one under the same name."""
+        return sum(f.previous for f in self.files)
 
     @property
     def moves(self) -> int:

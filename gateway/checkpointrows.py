@@ -28,8 +28,14 @@ STORE_ROWS = PER_DIRECTORY
 
 
 def _row(
-    mountpoint: Path, c: CheckpointView, where: str, judged: tuple[bool, str] | None, pinned: bool
+    mountpoint: Path,
+    c: CheckpointView,
+    where: str,
+    judged: tuple[bool, str] | None,
+    pinned: bool,
+    now: float,
 ) -> dict[str, Any]:
+    since = c.local_since
     return {
         "path": str(mountpoint / c.path) if c.path else str(mountpoint),
         "step": c.step,
@@ -37,6 +43,8 @@ def _row(
         "files": len(c.files),
         "bytes": c.bytes,
         "local_bytes": c.local_bytes,
+        "local_age": None if since is None else round(max(0.0, now - since), 3),
+        "replacing": c.replacing,
         "moves": c.moves,
         "moving_bytes": c.moving_bytes,
         "mtime": round(c.mtime, 3),
@@ -102,7 +110,7 @@ def checkpoint_rows(
             judged = retention.judge(c.path, c.files, now, stored)
         # In the store too: listed there, or every file drained (the listing may be older).
         where = "both" if s is not None or c.state == DURABLE else "local"
-        rows.append(_row(mountpoint, view, where, judged, c.path in pinned))
+        rows.append(_row(mountpoint, view, where, judged, c.path in pinned, now))
     seen = {c.path for c in local}
     shown: dict[str, int] = {}
     omitted = 0
@@ -118,7 +126,7 @@ def checkpoint_rows(
             s.path, s.step, [FileView(f.path, f.size, DURABLE, f.mtime) for f in _files(s.files)]
         )
         judged = retention.judge(s.path, [], now, stored) if retention is not None else None
-        rows.append(_row(mountpoint, view, "store", judged, s.path in pinned))
+        rows.append(_row(mountpoint, view, "store", judged, s.path in pinned, now))
     _order(rows)
     extra: dict[str, Any] = {"store_listing": None, "pins": None}
     if retention is not None:

@@ -618,6 +618,7 @@ async def _serve(
         )
         reporter.retention = lifecycle  # status shows its pins and the store's checkpoints
         reporter.prefetcher = prefetcher
+        reporter.lookups = remote.waits  # lookups answered without a stalled store
         await nursery.start(lifecycle.run)
         await nursery.start(ControlServer(mount.control, control_handlers(reporter, lifecycle)).run)
         if cfg.lifecycle_interval > 0 and cfg.retention:

@@ -88,6 +88,17 @@ class GatewayCollector(Collector):
             "How long the oldest dirty file has waited",
             st["queue"]["oldest_dirty_age"] or 0.0,
         )
+        yield gauge(
+            "replacing_files",
+            "Files whose new version drains while the store keeps the previous one",
+            st["queue"]["replacing"],
+        )
+        yield counter(
+            "lost_wakeups",
+            "Dirty, quiet files the drain had not queued, found and queued by its audit (bugs)",
+            st["queue"]["lost_wakeups"],
+        )
+        yield from _checkpoint_exposure(st["checkpoints"], labels, mp)
         yield gauge("uploads_in_progress", "Uploads under way", len(st["uploads"]))
         yield counter("store_retries", "Store calls retried", st["retries"])
         errors = CounterMetricFamily(
@@ -97,6 +108,23 @@ class GatewayCollector(Collector):
             errors.add_metric([*mp, kind], n)
         yield errors
         yield from _endpoint_metrics(st.get("store_requests"), labels, mp)
+        lookups = st.get("lookups")
+        if lookups:
+            yield gauge(
+                "lookups_stalled",
+                "1 while a listing or description a lookup needs is past store.lookup_wait",
+                lookups["stalled_since"] is not None,
+            )
+            yield counter(
+                "lookups_from_journal",
+                "Lookups and opendirs answered from the journal after store.lookup_wait",
+                lookups["from_journal"],
+            )
+            yield counter(
+                "lookup_stalls",
+                "Times lookups began to wait on a stalled store",
+                lookups["episodes"],
+            )
         hist = r.engine.drained.part_seconds
         h = HistogramMetricFamily(
             "ckptgw_upload_part_seconds", "Time per uploaded part or single PUT", labels=labels
@@ -141,6 +169,30 @@ class GatewayCollector(Collector):
             "1 while draining for shutdown or preemption",
             st["mode"] != "serving",
         )
+
+
+def _checkpoint_exposure(
+    rows: list[dict[str, Any]], labels: list[str], mp: list[str]
+) -> Iterator[Metric]:
+    """What each checkpoint has only on this node and for how long: one series per
+    checkpoint that is not durable (few: those being saved or drained), none once it is."""
+    names = [*labels, "checkpoint"]
+    local = GaugeMetricFamily(
+        "ckptgw_checkpoint_local_bytes",
+        "Bytes of a checkpoint only on this node (its files' content the store lacks)",
+        labels=names,
+    )
+    held = GaugeMetricFamily(
+        "ckptgw_checkpoint_local_age_seconds",
+        "How long the oldest content of a checkpoint the store lacks has been only on this node",
+        labels=names,
+    )
+    for c in rows:
+        if c["local_bytes"] or c.get("local_age") is not None:
+            local.add_metric([*mp, c["path"]], c["local_bytes"])
+            held.add_metric([*mp, c["path"]], c.get("local_age") or 0.0)
+    yield local
+    yield held
 
 
 def _endpoint_metrics(

@@ -133,6 +133,12 @@ def status_text(st: dict[str, Any], colour: bool = False) -> str:
         f" oldest {age(queue['oldest_dirty_age'])}"
         + (f", {queue['open_for_writing']} open for writing" if queue["open_for_writing"] else "")
     )
+    if queue.get("replacing"):
+        n = queue["replacing"]
+        lines.append(
+            f"  replacing {files(n)} ({size(queue['replacing_bytes'])}): the store keeps"
+            f" {'its' if n == 1 else 'their'} previous version until the new one is there"
+        )
     if queue.get("store_ops"):
         moves = queue.get("moves", 0)
         lines.append(
@@ -151,6 +157,15 @@ def status_text(st: dict[str, Any], colour: bool = False) -> str:
     )
     if st["last_error"]:
         lines.append(f"  last error: {st['last_error']}")
+    lookups = st.get("lookups")
+    if lookups and lookups["stalled_since"] is not None:
+        lines.append(
+            paint(
+                f"  lookups   the store is slow: answered from this node's journal after"
+                f" {age(lookups['wait'])} ({lookups['stalled_on']})",
+                "local",
+            )
+        )
     if st.get("store_requests"):
         lines += store_request_lines(st["store_requests"], paint)
     if st.get("part_workers"):
@@ -347,7 +362,10 @@ UNKNOWN_NOTE = (
 def _not_durable(c: dict[str, Any]) -> str:
     """A checkpoint's NOT DURABLE cell: bytes the store lacks, and files waiting for a move
     (their bytes are in the store: not counted again)."""
-    parts = [size(c["local_bytes"])] if c["local_bytes"] else []
+    parts = []
+    if c["local_bytes"]:  # only on this node, and for how long (the exposure window)
+        held = c.get("local_age")
+        parts.append(size(c["local_bytes"]) + (f" for {age(held)}" if held is not None else ""))
     if c.get("moves"):
         parts.append(f"{plural(c['moves'], 'move')} pending")
     return ", ".join(parts) or "-"

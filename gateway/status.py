@@ -12,7 +12,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +22,14 @@ from ckptgw.drain.checkpoints import DRAINING, DURABLE, FileView, Recognizer
 from ckptgw.drain.engine import DrainEngine
 from ckptgw.drain.fetch import FetchStats
 from ckptgw.drain.lifecycle import Lifecycle as Retention
+from ckptgw.drain.lookupwait import LookupWait
 from ckptgw.drain.partpool import PartPool
 from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.drain.progress import UploadProgress
 from ckptgw.drain.store import Store
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.storekeys import object_key
 from ckptgw.gateway.checkpointrows import checkpoint_rows
 from ckptgw.gateway.nfsserve import read_state
 from ckptgw.gateway.protocol import MAX_WAIT
@@ -82,6 +84,7 @@ class Reporter:
         # Pins and the store's checkpoints, as last listed (set by the daemon): status rows.
         self.retention: Retention | None = None
         self.prefetcher: Prefetcher | None = None  # set by the daemon: warm-ups in status
+        self.lookups: LookupWait | None = None  # set by the daemon: the lookup deadline
         self.started = time.time()
         self._next_ask = -math.inf  # (trio time) a waiting ``pending`` asks again from then
 
@@ -109,12 +112,25 @@ class Reporter:
             if dirs and row.parent is not None:
                 found.append((row, prefix))
         moving = self.fs.journal.pending_keys()  # a move to a file's key: not there yet
+        key_prefix = self.fs.keys.prefix
+        since = self.engine.dirty_since
         out = []
         for r, rel in found:
             r = self.fs.table.current(r)
             state = self.engine.durability(r, moving)
             stored = r.state not in (State.DIRTY, State.UPLOADING)  # a move may be pending
-            view = FileView(rel, r.size, state, r.mtime_ns / 1e9, state == DRAINING and stored)
+            # Its new version drains while the store holds the previous one under its name
+            # (ARCHITECTURE.md, invariant 9): the name is not missing from the store.
+            previous = not stored and r.stored_key == object_key(key_prefix + rel, r.mode)
+            view = FileView(
+                rel,
+                r.size,
+                state,
+                r.mtime_ns / 1e9,
+                state == DRAINING and stored,
+                previous,
+                None if stored else since.get(r.id, r.mtime_ns / 1e9),
+            )
             out.append((r, view))
         return out
 
@@ -145,6 +161,7 @@ class Reporter:
                         "size": view.size,
                         "sent": sent,
                         "moving": view.moving,
+                        "previous_durable": view.previous,
                         "state": view.state,
                         "open_for_writing": self._writers(row) > 0,
                         "error": self.engine.errors.get(row.id),
@@ -158,6 +175,7 @@ class Reporter:
             "bytes_sent": sum(int(f["sent"]) for f in files),
             "bytes_in_flight": in_flight,
             "moves": sum(bool(f["moving"]) for f in files),
+            "replacing": sum(bool(f["previous_durable"]) for f in files),
             "store_local": self.store_local,  # "durable" then means: in a store on this node
         }
 
@@ -249,7 +267,8 @@ class Reporter:
         dirty = [(r, v) for r, v in files if r.state in (State.DIRTY, State.UPLOADING)]
         moving = [v for _, v in files if v.moving]
         queued = [(r, v) for r, v in dirty if self._writers(r) == 0]
-        since = [self.engine.dirty_since.get(r.id, r.mtime_ns / 1e9) for r, _ in dirty]
+        since = [v.since for _, v in dirty if v.since is not None]
+        replacing = [v for _, v in dirty if v.previous]
         space = self.fs.space
         retry = self.engine.stats
         prefix = self.fs.keys.prefix
@@ -295,6 +314,10 @@ class Reporter:
                 "store_ops": self.fs.journal.count_store_ops(),
                 "moves": len(moving),
                 "moving_bytes": sum(v.size for v in moving),
+                "replacing": len(replacing),
+                "replacing_bytes": sum(v.size for v in replacing),
+                # dirty, quiet files the scheduler had lost and its audit queued (bugs): 0
+                "lost_wakeups": self.engine.scheduler.lost_wakeups,
             },
             "uploads": uploads,
             "drained": {"bytes": self.engine.drained.bytes, "files": self.engine.drained.files},
@@ -328,5 +351,7 @@ class Reporter:
             "nfs": read_state(self.fs.cache.root),
             "part_workers": None if self.part_pool is None else self.part_pool.view(),
             "store_requests": store_requests,
+            # lookups the store kept waiting past store.lookup_wait (answered from the journal)
+            "lookups": None if self.lookups is None else asdict(self.lookups.view()),
             **listed,  # store_listing and pins
         }

@@ -131,7 +131,15 @@ def test_status_and_metrics_during_a_real_drain(
     newest, second = st["checkpoints"][:2]
     assert newest["path"] == str(ckpt) and newest["step"] == 200
     assert newest["state"] == "draining" and newest["local_bytes"] == len(data)
+    assert newest["local_age"] is not None and newest["local_age"] >= 0  # exposed since
+    assert newest["replacing"] == 0 and st["queue"]["replacing"] == 0
     assert second["path"] == str(older) and second["state"] == "durable"
+    assert second["local_age"] is None
+    during = scrape(port)
+    series = f'{{checkpoint="{ckpt}",mountpoint="{gw.mountpoint}"}}'
+    assert during[f"ckptgw_checkpoint_local_bytes{series}"] == len(data)
+    assert during[f"ckptgw_checkpoint_local_age_seconds{series}"] >= 0
+    assert not any(str(older) in k for k in during)  # durable: no series
 
     text = gw.cli("status", str(gw.mountpoint)).stdout
     assert str(ckpt) in text and "draining" in text and "\x1b[" not in text  # no colour in a pipe
@@ -144,13 +152,7 @@ def test_status_and_metrics_during_a_real_drain(
     assert s3.body("run/step_200/model.pt") == data
     assert s3_env["AWS_SECRET_ACCESS_KEY"] not in json.dumps(st)
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        metrics = r.read().decode()
-    samples = {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line and not line.startswith("#")
-    }
+    samples = scrape(port)
     label = f'{{mountpoint="{gw.mountpoint}"}}'
     assert samples[f"ckptgw_drained_bytes_total{label}"] >= len(data) + 1000
     assert samples[f"ckptgw_written_bytes_total{label}"] >= len(data) + 1000
@@ -159,6 +161,19 @@ def test_status_and_metrics_during_a_real_drain(
     slowest = f'ckptgw_upload_part_seconds_bucket{{le="2.5",mountpoint="{gw.mountpoint}"}}'
     assert samples[slowest] < samples[f"ckptgw_upload_part_seconds_count{label}"]  # the stall
     assert samples[f"ckptgw_cache_used_bytes{label}"] >= len(data)
+    assert samples[f"ckptgw_lost_wakeups_total{label}"] == 0
+    assert not any("ckptgw_checkpoint_local" in k for k in samples)  # all durable now
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The metrics endpoint's samples: series (name and labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line and not line.startswith("#")
+    }
 
 
 def test_status_counts_retries_and_shows_the_last_error(

@@ -483,6 +483,10 @@ def test_a_save_is_not_held_by_stalled_listings_and_all_of_it_becomes_durable(
     took = time.monotonic() - started
     assert took < 30, f"the save took {took:.0f} s behind the held listings"
     assert held.hits >= 2 and not held.released.is_set()  # run/ and run/step_1/ were held
+    lookups = a.status()["lookups"]  # the stall shows in status while it lasts
+    assert lookups["stalled_since"] is not None and lookups["from_journal"] > 0
+    assert "LIST ckpt/run/" in lookups["stalled_on"] and lookups["episodes"] == 1
+    assert "lookups   the store is slow" in a.cli("status", str(a.mountpoint)).stdout
     nodes.drained({**shards, "run/latest": b"step_1"})  # the uploads are not held
     warnings = [line for line in _log(a).splitlines() if " WARNING " in line]
     stalls = [line for line in warnings if "has not completed LIST ckpt/run/" in line]

@@ -419,6 +419,14 @@ def test_overwriting_a_durable_file_through_a_mount_never_leaves_its_key_missing
             time.sleep(0.02)
         body = s3.get_object(Bucket=bucket, Key="run/latest.pt")["Body"].read()
         assert body == old
+        # What status says meanwhile: the new version drains; the previous one is durable.
+        st = gw.status()
+        assert (st["queue"]["replacing"], st["queue"]["replacing_bytes"]) == (1, len(new))
+        assert st["queue"]["lost_wakeups"] == 0
+        [pending] = gw.control().request("pending", paths=["latest.pt"])["files"]
+        assert pending["state"] == "draining" and pending["previous_durable"] is True
+        text = gw.cli("status", str(gw.mountpoint)).stdout
+        assert "replacing 1 file" in text and "previous version" in text
         gw.kill()  # the node's daemon dies with the new version only in its cache
         hold.release()
         assert s3.get_object(Bucket=bucket, Key="run/latest.pt")["Body"].read() == old
