@@ -19,6 +19,10 @@ boto3 uploading them), 1 to 8 writer processes saving their shards at once, like
 of one node, and files written through the NFS gateway mode (bench.nfs: NFS-Ganesha on
 loopback against the FUSE mount and the disk; root, with Ganesha and libnfs installed).
 
+Trust (:mod:`bench.trust`): the overwrite window (``latest.pt`` saved again under its name:
+the time its key is missing from the bucket, target 0) and the time to durable behind a
+proxy that ignores ``Expect: 100-continue`` against one that answers it (target 1.2x).
+
 Cold restore (``--restore-sizes``, and the DCP checkpoint): ``torch.load`` (or a DCP load)
 through a fresh gateway with an empty cache and ckptgw's default fetch settings, against
 boto3 downloading the same objects, tuned (64 MiB parts, 8 threads; the DCP files: 8 MiB,
@@ -30,7 +34,7 @@ The store is moto's S3 server on loopback; the disk is the one under ``--workdir
 
     python -m bench.suite [--sizes 256,1024,4096] [--writers 1,2,4,8] [--runs 3]
                           [--restore-sizes 1024,4096]
-                          [--only save,restore,files,floor,writers,drain,nfs]
+                          [--only save,restore,files,floor,writers,drain,nfs,overwrite,expect]
                           [--nfs-mib 1024] [--nfs-writers 1,8] [--paths passthrough,daemon]
 """
 
@@ -58,7 +62,7 @@ from typing import Any
 import boto3
 import torch
 
-from bench import baseline, floor, nfs
+from bench import baseline, floor, nfs, trust
 from bench.procs import children, cpu_seconds, tree_cpu_seconds, tree_peak_rss
 from bench.results import save
 from bench.workloads import dcp_load, dcp_save, save_atomic, state_dict, write_small
@@ -98,6 +102,8 @@ TARGETS = {
     "save stall (DCP)": 1.30,
     "save stall (small files)": 1.30,
     "durable from start": 1.00,
+    "overwrite window": 0.0,  # the time the key is missing, over the time to durable
+    "time to durable (Expect ignored)": 1.20,
 }
 SAVE_CPU_LIMIT = 0.05  # daemon CPU seconds per GiB saved through the mount
 
@@ -844,6 +850,32 @@ class Bench:
         )
         self.delete("gw/drain/")
 
+    def overwrite(self, size: int) -> None:
+        say(f"\n## overwrite window, {mib(size)} [{self.path}]: latest.pt saved again by name")
+        s = trust.overwrite_rounds(self, size)
+        self.samples[f"overwrite {mib(size)} {self.path}"] = {"bytes": size, "samples": s}
+        med = {k: statistics.median(v) for k, v in s.items()}
+        label = mib(size)
+        self.add(
+            Row("overwrite window", label, "time to durable", med["durable"], med["missing"], "s")
+        )
+
+    def expect(self, size: int) -> None:
+        say(f"\n## {mib(size)} behind a proxy that ignores Expect: 100-continue [{self.path}]")
+        s = trust.expect_rounds(self, size)
+        self.samples[f"expect {mib(size)} {self.path}"] = {"bytes": size, "samples": s}
+        med = {k: statistics.median(v) for k, v in s.items() if k != "first_ignores"}
+        self.add(
+            Row(
+                "time to durable (Expect ignored)",
+                mib(size),
+                "Expect answered",
+                med["answers"],
+                med["ignores"],
+                "s",
+            )
+        )
+
     def nfs_writes(self, size: int, n: int) -> None:
         x = mib(size) if n == 1 else f"{n}x{mib(size)}"
         say(f"\n## NFS gateway: {n} writer(s), {mib(size)} each: NFS vs FUSE mount vs disk")
@@ -938,7 +970,11 @@ def main() -> None:
         help="drain.part_workers for the save and drain sections, one round each (e.g. 0,4); "
         "default: the gateway's own",
     )
-    ap.add_argument("--only", default="save,restore,files,floor,writers,drain,nfs")
+    ap.add_argument(
+        "--overwrite-sizes", default="256,1024", help="the overwrite window at these sizes (MiB)"
+    )
+    ap.add_argument("--expect-mib", type=int, default=1024, help="the Expect section's file")
+    ap.add_argument("--only", default="save,restore,files,floor,writers,drain,nfs,overwrite,expect")
     ap.add_argument(
         "--floor-hp",
         default="",
@@ -1047,6 +1083,13 @@ def main() -> None:
                 sections.append(
                     (path, first, functools.partial(Bench.writers, n=n, shard=args.shard_mib << 20))
                 )
+        if "overwrite" in only:
+            for size in (int(x) << 20 for x in args.overwrite_sizes.split(",")):
+                sections.append((path, first, functools.partial(Bench.overwrite, size=size)))
+        if "expect" in only:
+            sections.append(
+                (path, first, functools.partial(Bench.expect, size=args.expect_mib << 20))
+            )
         if "nfs" in only:
             for n in (int(x) for x in args.nfs_writers.split(",")):
                 sections.append(
