@@ -388,24 +388,30 @@ class Uploader:
         return clean
 
     async def discard(self, record: UploadRow, ino: Inode | None = None) -> None:
-        """Abort an upload nobody wants any more, and forget it. A single PUT (no upload id)
-        of ``ino``, a named entry, may have landed before its answer was lost (a restart):
-        what it left is handled as any stale upload's (:meth:`StoreKeys.sent_stale`)."""
+        """Abort an upload nobody wants any more, and forget it. For ``ino``, a named entry
+        (a restart, or a retry after the file was renamed): what the upload's key holds is
+        handled as any stale upload's (:meth:`StoreKeys.sent_stale`): a single PUT may have
+        landed before its answer was lost, and the older version the upload was to
+        overwrite may be there (a rename left it to the upload)."""
         if record.upload_id is not None:
             with contextlib.suppress(StoreError):
                 await self.store.abort_multipart(record.key, record.upload_id)
         with self.journal.transaction():
-            if record.upload_id is None and self._may_have_landed(record, ino):
+            if self._left_behind(record, ino):
                 assert ino is not None
                 self.keys.sent_stale(ino, record.key, None)
             self.journal.drop_upload(record.inode)
 
-    def _may_have_landed(self, record: UploadRow, ino: Inode | None) -> bool:
-        """Whether what ``record``'s PUT may have left is to be handled: not where an upload
-        of ``ino`` begins now at the same key (its own record covers that key)."""
+    def _left_behind(self, record: UploadRow, ino: Inode | None) -> bool:
+        """Whether ``record``'s key may hold something of ``ino`` that nothing else tracks:
+        it is no longer the entry's key, or a single PUT to it may have landed while the
+        file is dirty. Not where an upload of ``ino`` begins now at the same key (its own
+        record covers that key)."""
         if ino is None or ino.parent is None:
             return False
-        return ino.state is State.DIRTY or record.key != self.keys.entry_key(ino)
+        if record.key != self.keys.entry_key(ino):
+            return True
+        return record.upload_id is None and ino.state is State.DIRTY
 
 
 def _check(ino: Inode, generation: int) -> None:

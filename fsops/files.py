@@ -95,6 +95,8 @@ class OpenFiles:
         try:
             now = time.time_ns()
             self.observe(ino)  # a writer on the kernel's path may have grown it
+            if writable:  # refused (ENOSPC) before an O_TRUNC empties it, not after
+                self.path.admits_writer(ino)
             if flags & os.O_TRUNC and writable and ino.size:
                 await self.states.mark_dirty(ino)
                 os.ftruncate(ino.fd, 0)

@@ -654,8 +654,11 @@ class Journal:
     def stored_at(self, key: str, other_than: int = 0) -> InodeRow | None:
         """The file (other than inode ``other_than``) whose content the store holds, or will
         hold after a pending move, at ``key``, if any."""
+        # Two rows may name one key: a clean one whose content is (or will be) there first,
+        # then one whose older version it is (a dirty row's, to be overwritten or deleted).
         r = self.db.execute(
-            f"SELECT {_INODE_COLS} FROM inodes WHERE stored_key = ? AND id != ? LIMIT 1",
+            f"SELECT {_INODE_COLS} FROM inodes WHERE stored_key = ? AND id != ? "
+            f"ORDER BY state IN ('{State.CLEAN.value}', '{State.REMOTE.value}') DESC LIMIT 1",
             (key, other_than),
         ).fetchone()
         return None if r is None else _row(r)

@@ -187,6 +187,14 @@ class Passthrough:
         writes the cache file even after close, which the daemon would never learn."""
         return not writable or (self.writers and not self.low and self.cache.holding and not rdwr)
 
+    def admits_writer(self, ino: Inode) -> None:
+        """Refuse (``ENOSPC``) a writer of an inode that has a backing id while the reserve is
+        not held: the kernel allows one backing file per inode and no open of it on the
+        daemon path, so the writer would share it and write on the kernel's path, where it
+        could take the journal's room."""
+        if ino.backing_id and not self.cache.holding:
+            raise fs_error(errno.ENOSPC)
+
     def backing(self, ino: Inode, writable: bool, rdwr: bool = False) -> int:
         """The backing id for a new open of ``ino`` (its cache file open in ``ino.fd``), or 0
         for the daemon path. Counted in the inode's open counts; undone by :meth:`closed`."""
@@ -194,11 +202,8 @@ class Passthrough:
         if writable:
             self.check_room()  # (the reserve taken back, if the disk has room again)
         if ino.backing_id:
-            # The kernel allows one backing file per inode, and no open of it on the daemon
-            # path: a writer shares the backing id, so it needs the reserve held like any
-            # writer on the kernel's path (the disk is full otherwise: ENOSPC, at once).
-            if writable and not self.cache.holding:
-                raise fs_error(errno.ENOSPC)
+            if writable:
+                self.admits_writer(ino)
             bid = ino.backing_id
         elif (
             self.active

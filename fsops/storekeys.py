@@ -159,20 +159,21 @@ class StoreKeys:
             return  # it writes nothing there (a directory without a marker)
         if key in self.deleting:
             return  # too late: its delete is on its way
-        ops = self.journal.store_ops_from(key)
+        # Only an object known to be there (its ETag journaled: a stored entry's) is kept; a
+        # delete of what an upload may have left (no ETag) goes on: nothing durable is there,
+        # and this entry's upload waits for it.
+        ops = [op for op in self.journal.store_ops_from(key) if op.etag is not None]
         if not ops:
             return
-        etag = None
         for op in ops:
             if op.kind == "delete":
                 self.journal.done_store_op(op.id)
-            etag = op.etag or etag
         if (
             row.state in (State.DIRTY, State.UPLOADING)
             and row.stored_key != key
             and self.journal.stored_at(key, other_than=row.id) is None
         ):
-            self.states.stored_previous(row, key, etag)
+            self.states.stored_previous(row, key, ops[-1].etag)
         self.events.store_ops_added()  # an upload that waited for the key may start
 
     def moved(self, inode: int, new_path: str) -> None:

@@ -120,8 +120,13 @@ class Reporter:
             state = self.engine.durability(r, moving)
             stored = r.state not in (State.DIRTY, State.UPLOADING)  # a move may be pending
             # Its new version drains while the store holds the previous one under its name
-            # (ARCHITECTURE.md, invariant 9): the name is not missing from the store.
-            previous = not stored and r.stored_key == object_key(key_prefix + rel, r.mode)
+            # (ARCHITECTURE.md, invariant 9): the name is not missing from the store. Known
+            # to be there only with its ETag (a stale upload's key may hold nothing).
+            previous = (
+                not stored
+                and r.stored_etag is not None
+                and r.stored_key == object_key(key_prefix + rel, r.mode)
+            )
             view = FileView(
                 rel,
                 r.size,

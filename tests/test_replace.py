@@ -479,3 +479,33 @@ def test_a_put_that_landed_before_a_restart_under_an_old_name_is_not_left_behind
 
     run(first)
     run(second)
+
+
+def test_an_older_version_left_to_an_upload_renamed_before_a_restart_is_not_left_behind(
+    tmp_path: Path,
+) -> None:
+    """a.pt is durable, rewritten in place (its older version stays under a.pt for the new
+    upload to overwrite), and renamed while that multipart upload is under way; the gateway
+    stops. The upload's old key is not the file's any more: after the restart the file goes
+    to its new name and the older version under a.pt is deleted, not left to come back as a
+    file at the next listing."""
+    old, new = os.urandom(12 * MiB), os.urandom(12 * MiB)
+
+    async def first() -> None:
+        async with node(tmp_path, "later_parts") as n:
+            n.store.open("later_parts")
+            await durable(n, b"a.pt", old)
+            n.store.close("later_parts")
+            await n.write(ROOT_INODE, b"a.pt", new, os.O_TRUNC)
+            await n.store.entered("later_parts").wait()  # its upload to a.pt is under way
+            n.fs.namespace.rename(ROOT_INODE, b"a.pt", ROOT_INODE, b"step_100.pt", 0)
+            # the gateway stops here
+
+    async def second() -> None:
+        async with node(tmp_path) as n:
+            await n.drained()
+            assert sorted([o.key async for o in n.store.iter_objects("")]) == ["step_100.pt"]
+            await holds(n, "step_100.pt", new)
+
+    run(first)
+    run(second)
