@@ -55,6 +55,7 @@ import aiohttp
 import botocore.exceptions as bex
 import trio
 from aiobotocore.config import AioConfig
+from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import get_session
 from botocore.handlers import add_expect_header
 
@@ -93,7 +94,7 @@ from ckptgw.drain.store import (
     marker_error,
     short_read,
 )
-from ckptgw.drain.storeurl import StoreURL
+from ckptgw.drain.storeurl import StoreURL, without_userinfo
 from ckptgw.fsops.contentsum import crc32, crc32_b64
 
 log = logging.getLogger(__name__)
@@ -290,10 +291,56 @@ def _sending(request: Any, **kwargs: Any) -> None:
     if watch is not None:
         if request.headers.get("Expect") in (b"100-continue", "100-continue"):  # bytes here
             watch.expect = True
-            phase = CONTINUE
+            # The wait for the 100 counts from when the head goes, on a connection: told by
+            # the session's trace (_head_sent), where it has one; a slow connect is not an
+            # unanswered Expect.
+            phase = CONNECTING if _Session.traced else CONTINUE
         else:
             phase = CONNECTING if watch.size else ANSWER
         watch.to(phase, time.monotonic())
+
+
+async def _head_sent(session: object, ctx: object, params: object) -> None:
+    """aiohttp's trace: the request's head is written, on a connection it has now."""
+    watch = CURRENT.get()
+    if watch is not None and watch.expect and watch.phase == CONNECTING:
+        watch.to(CONTINUE, time.monotonic())
+
+
+class _Session(AIOHTTPSession):  # type: ignore[misc]  # aiobotocore has no types
+    """aiobotocore's aiohttp session, with two changes to each aiohttp session it opens:
+
+    * aiohttp sends an idempotent request (GET, HEAD, PUT, DELETE) again by itself when the
+      kept-alive connection it was sent on turns out closed (RFC 9112 lets a client); such a
+      retry (a lost answer to a DELETE, say) would be neither counted nor logged. It is
+      turned off, so the error reaches :mod:`drain.retry`, which retries it like any other.
+    * a trace says when a request's head is written, on a connection (:func:`_head_sent`).
+
+    Both are aiohttp session attributes without a public setter after construction (the
+    session is made by aiobotocore); where they are missing, aiohttp's own behaviour stays
+    and :data:`traced` stays False."""
+
+    traced = False  # a session has the head-sent trace: the 100-continue wait starts there
+    _trace = aiohttp.TraceConfig()
+    _trace.on_request_headers_sent.append(_head_sent)
+    _trace.freeze()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tuned: set[int] = set()  # the aiohttp sessions changed (they live as long)
+
+    async def _get_session(self, proxy_url: Any) -> Any:
+        session = await super()._get_session(proxy_url)
+        if id(session) in self._tuned:
+            return session
+        self._tuned.add(id(session))
+        if hasattr(session, "_retry_connection"):
+            session._retry_connection = False
+        configs = getattr(session, "_trace_configs", None)
+        if isinstance(configs, list):
+            configs.append(self._trace)
+            _Session.traced = True
+        return session
 
 
 def stall_text(watch: RequestWatch, endpoint: str, deadlines: Deadlines) -> str:
@@ -361,7 +408,14 @@ class LoopThread:
         return fut.result()
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        def stop() -> None:
+            # What still runs (the watchdog's sweeper, between two looks) ends first: the
+            # cancels are handled in the loop's next turn, before the stop queued after them.
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+            self.loop.call_soon(self.loop.stop)
+
+        self.loop.call_soon_threadsafe(stop)
         self._thread.join(10)
         if not self._thread.is_alive():
             self.loop.close()
@@ -384,7 +438,7 @@ class S3Store(Store):
         self._client = client
         self._loop = loop
         # The endpoint's URL (never credentials: the config refuses a URL that has some).
-        self.endpoint = str(client.meta.endpoint_url)
+        self.endpoint = without_userinfo(str(client.meta.endpoint_url))  # status, logs, metrics
         self.watchdog = Watchdog(
             deadlines or Deadlines(), self.endpoint, pool_size, on_stall or self._log_stall
         )
@@ -430,6 +484,7 @@ class S3Store(Store):
             # deadline first
             read_timeout=deadlines.read_timeout,
             max_pool_connections=max_connections,
+            http_session_cls=_Session,
         )
         loop = LoopThread()
         try:

@@ -65,3 +65,12 @@ def parse_store_url(text: str) -> StoreURL:
         path = "/" + "/".join(c for c in parts.path.split("/") if c)
         return StoreURL("file", "", path, f"file://{path}")
     raise StoreURLError(f"bad store URL {text!r}: {expected}")
+
+
+def without_userinfo(url: str) -> str:
+    """An endpoint URL as it may be shown: a user and password in it left out (the config
+    refuses them, but AWS_ENDPOINT_URL_S3 or a profile's endpoint_url may carry them)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()

@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pyfuse3
 import trio
@@ -43,6 +42,7 @@ from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
 from ckptgw.drain.scheduler import Scheduler
 from ckptgw.drain.store import StoreError
 from ckptgw.drain.stores import open_store
+from ckptgw.drain.storeurl import without_userinfo
 from ckptgw.drain.upload import UploadConfig
 from ckptgw.fsops.contentsum import CRC32_IMPL
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
@@ -398,8 +398,7 @@ def _store_where(cfg: Config) -> str:
         return str(cfg.store)
     if cfg.endpoint_url is None:
         return f"{cfg.store} (AWS S3)"
-    parts = urlsplit(cfg.endpoint_url)
-    return f"{cfg.store} at {parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    return f"{cfg.store} at {without_userinfo(cfg.endpoint_url)}"
 
 
 def _paths(request: dict[str, Any]) -> list[str]:

@@ -31,7 +31,7 @@ from ckptgw.drain.store import (
     part_size_for,
 )
 from ckptgw.drain.stores import open_store
-from ckptgw.drain.storeurl import parse_store_url
+from ckptgw.drain.storeurl import parse_store_url, without_userinfo
 from ckptgw.fsops.contentsum import Hasher, parts_checksum
 from ckptgw.fsops.objectmeta import PART_SIZE
 from tests.faultproxy import Fault, FaultProxy
@@ -408,6 +408,34 @@ async def proxied(
 FAST = RetryPolicy(attempts=6, base=0.01, cap=2)
 
 
+@pytest.mark.parametrize("method", ["DELETE", "PUT"])
+def test_a_request_whose_answer_is_lost_is_retried_in_the_one_place_and_counted(
+    s3_endpoint: str, bucket: str, method: str
+) -> None:
+    """The store closes a kept-alive connection after reading a DELETE (or a PUT) without
+    answering it: aiohttp would send an idempotent request again by itself (RFC 9112 lets a
+    client), neither counted nor logged. The error reaches drain.retry, which retries it,
+    counts it and logs it, as every other retry."""
+
+    async def go() -> None:
+        async with proxied(s3_endpoint, bucket) as (store, proxy):
+            await store.put("k", b"first", {})  # a connection to keep alive
+            lost = proxy.add(Fault("hold", method, r"/k$", seconds=0.05, drop=True))
+            stats = RetryStats()
+            if method == "DELETE":
+                await retrying("delete k", lambda: store.delete("k"), FAST, stats)
+                assert await store.head("k") is None
+            else:
+                await retrying("put k", lambda: store.put("k", b"second", {}), FAST, stats)
+                assert await store.get("k") == b"second"
+            assert lost.hits == 1
+            sent = [what for m, p, what in proxy.log if m == method and p.endswith("/k")]
+            assert sent[-2:] == ["hold", "ok"]  # once lost, once answered
+            assert stats.retries == 1 and stats.errors == {"Transport": 1}
+
+    trio.run(go)
+
+
 def test_slowdown_and_resets_are_retried_to_an_exact_object(s3_endpoint: str, bucket: str) -> None:
     parts = [os.urandom(5 << 20), os.urandom(1 << 20)]
 
@@ -599,3 +627,10 @@ def test_a_cancelled_s3_call_has_ended_on_the_asyncio_side_when_it_returns() -> 
     finally:
         loop.close()
     assert events == ["request ended", "cancel returned"]
+
+
+def test_an_endpoint_is_shown_without_a_user_or_password() -> None:
+    """Status, the log and the metrics name the endpoint; AWS_ENDPOINT_URL_S3 or a profile's
+    endpoint_url (which the config does not check) may carry credentials."""
+    assert without_userinfo("https://key:secret@s3.example:9000/x") == "https://s3.example:9000/x"
+    assert without_userinfo("http://127.0.0.1:9000") == "http://127.0.0.1:9000"
