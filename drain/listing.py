@@ -130,10 +130,21 @@ class Listings:
         """Whether the journal may say that a name ``d`` lacks is not there, without asking
         the store: ``d`` was listed since the mount, or made by this mount (not by one of its
         listings): it was new then, and every name in it since came through this mount or a
-        listing of it. (A removed directory still open somewhere holds nothing.)"""
+        listing of it. (A removed directory still open somewhere holds nothing.)
+
+        From an earlier mount (this node restarted), the journal's view is as old as the last
+        listing of it then, as for a directory listed ``ttl`` ago: a directory made on this
+        node (not learnt from a listing) has one, and so does any that holds entries (they
+        came from a listing of it, or were made in it here). Only what this node knows
+        nothing of, a fresh node's root and the directories its listings only named, has
+        none: there the store is asked, and a failure is an error, not an empty answer."""
         if d.id in self._listed or (d.parent is None and d.id != ROOT_INODE):
             return True
-        return d.epoch == self.journal.epoch and d.id not in self._from_store
+        if d.epoch == self.journal.epoch and d.id not in self._from_store:
+            return True
+        if d.id == ROOT_INODE or d.state is State.REMOTE or d.id in self._from_store:
+            return self.journal.has_children(d.id)
+        return True
 
     async def refresh(self, d: Inode, *, deadline: float | None = None) -> None:
         """Merge the store's view of ``d`` unless it was listed less than ``ttl`` ago (the
@@ -175,8 +186,14 @@ class Listings:
                     self._listed[d.id] = began
                 return False
             described = await self._describe_new(d, prefix, listing)
-            if d.parent is not None or d.id == ROOT_INODE:
-                self._merge(d, prefix, listing, started, described)
+            if d.parent is None and d.id != ROOT_INODE:
+                return False  # removed meanwhile
+            if self._prefix(d) != prefix:
+                # Renamed while it was listed (a listing may outlive its lookup by minutes):
+                # what it shows is of the old name, whose objects are moving away.
+                self._tried.pop(d.id, None)
+                return False
+            self._merge(d, prefix, listing, started, described)
             self._listed[d.id] = began
             return True
         finally:

@@ -34,6 +34,10 @@ class ReadThrough:
         self.prefetcher = prefetcher
         self.waits: LookupWait = listings.waits  # the deadline, and what status may show
         self._describing: dict[int, Pending] = {}  # inode -> its description under way
+        # HEADs of lookups in flight at once: past the lookup wait they go on in the
+        # background, and a stalled store must not gather thousands of them (``ls -l`` or
+        # ``find`` of a big tree); the others wait here, on this side of the store.
+        self._heads = trio.CapacityLimiter(listings.config.heads)
 
     async def refresh(self, directory: Inode, *, describe: bool = False) -> None:
         deadline = trio.current_time() + self.waits.wait
@@ -77,7 +81,8 @@ class ReadThrough:
                 ) and self.entries.known(ino):
                     return True
                 job.what, job.of_store = f"HEAD {ino.stored_key}", True
-            await self.entries.describe(ino, strict=False)
+            async with self._heads:
+                await self.entries.describe(ino, strict=False)
             return self.entries.known(ino)
         finally:
             del self._describing[ino.id]

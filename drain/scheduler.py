@@ -22,7 +22,8 @@ Rules:
   emergency drain (SIGTERM, preemption) flushes everything, newest file first, with up to
   ``max_parts`` uploads at once, and keeps skipping the settle delay for later files.
 * No wake-up is lost: at idle moments (no upload running, nothing due; at most once a
-  second) the worker's dirty files are compared with what is queued (:meth:`Scheduler.audit`).
+  second, less often while they find nothing) the worker's dirty files are compared with what
+  is queued (:meth:`Scheduler.audit`).
   A file that is dirty and quiet (no writer, no fsync) yet neither queued nor uploading, at
   two such moments in a row, is a bug: it is logged as an error and queued at once.
 """
@@ -50,7 +51,11 @@ SMALL_FILE = 4 << 20  # up to this size a file takes the small files' lane
 # With one lane full, due files are looked at for the other lane up to this many: a burst of
 # thousands of small files does not cost a look at each of them every time one ends.
 SCAN = 32
-AUDIT_SPACING = 1.0  # seconds between two audits, at least (an audit reads every dirty file)
+# Seconds between two audits (an audit reads every dirty file): at least AUDIT_SPACING,
+# doubled after each that finds nothing, up to AUDIT_SPACING_MAX (a store down for long
+# leaves many dirty files, and every save wakes the loop).
+AUDIT_SPACING = 1.0
+AUDIT_SPACING_MAX = 60.0
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,7 @@ class Scheduler:
         self._worker: Worker | None = None
         self._flush_all = False
         self._audited = -math.inf  # when the last audit ran
+        self._audit_spacing = AUDIT_SPACING  # until the next one may run
         self._suspects: set[int] = set()  # unqueued at the last audit: lost if again now
         self.lost_wakeups = 0  # files the audit found dirty, quiet and unqueued (bugs)
 
@@ -274,7 +280,7 @@ class Scheduler:
                 now = trio.current_time()
                 hold = self._hold_until if self._hold_until > -math.inf else math.inf
                 wake = min(self._next_due(now), hold)
-                if not self._running and wake > now and now - self._audited >= AUDIT_SPACING:
+                if not self._running and wake > now and now - self._audited >= self._audit_spacing:
                     self._audited = now
                     if self.audit(worker):
                         continue  # queued: start them now
@@ -312,6 +318,10 @@ class Scheduler:
             self._set_due(inode, trio.current_time())
         self._suspects = suspects
         self.lost_wakeups += len(lost)
+        if suspects or lost:
+            self._audit_spacing = AUDIT_SPACING
+        else:
+            self._audit_spacing = min(AUDIT_SPACING_MAX, 2 * self._audit_spacing)
         return lost
 
     def _next_due(self, now: float) -> float:

@@ -845,3 +845,32 @@ def test_a_multipart_objects_crc32_is_checked_on_read_and_damage_found(
         assert (await store.head("bad.bin")) == before[1]  # the same ETag: not a rewrite
 
     run(test)
+
+
+def test_a_listing_of_a_directory_renamed_meanwhile_is_not_merged(tmp_path: Path) -> None:
+    """A listing may outlive its lookup (a slow store): the directory is renamed, and its
+    files moved in the store, before the listing ends. What it shows is of the old name:
+    merged, the moved-away keys would read as files of the renamed directory deleted or
+    rewritten elsewhere, and their cached copies would be dropped."""
+
+    async def test() -> None:
+        async with node(tmp_path, "list_dir") as n:
+            d = n.fs.namespace.mkdir(ROOT_INODE, b"step_100", 0o755, ME)
+            for i in range(3):
+                await n.write(d.id, b"shard_%d" % i, b"data %d" % i)
+            await n.drained()
+            n.store.open("list_dir")
+            await n.listings.refresh(d)  # listed once
+            n.store.close("list_dir")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(n.listings.refresh, d)
+                await n.store.entered("list_dir").wait()  # it has seen the three objects
+                n.fs.namespace.rename(ROOT_INODE, b"step_100", ROOT_INODE, b"best", 0)
+                await n.drained()  # moved in the store
+                n.store.open("list_dir")
+            rows = n.fs.journal.children(d.id, 0, 10)
+            assert [(r.name, r.state) for r in rows] == [
+                (b"shard_%d" % i, State.CLEAN) for i in range(3)
+            ]
+
+    run(test)

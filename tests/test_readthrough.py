@@ -539,3 +539,30 @@ def test_a_fresh_node_never_says_a_durable_file_is_missing_when_its_listing_is_s
     log = _log(b)
     assert "list ckpt/run/step_2/: " in log and "retry 2 in" in log  # counted retries
     assert "cannot list the store" in log
+
+
+@any_data_path
+@pytest.mark.parametrize("nodes", ["s3"], indirect=True)
+def test_a_node_that_restarts_while_the_store_cannot_be_listed_keeps_saving(
+    nodes: Nodes,
+) -> None:
+    """The gateway restarts (a preemption) while every LIST fails: the directories it knew
+    before are answered from its journal, as old as their last listing, so a save into them
+    and a new checkpoint directory work (and drain once the store answers). Only what the
+    node knows nothing of is an error (the test above)."""
+    proxy = nodes.count_requests()
+    a = nodes.node("a")
+    (a.mountpoint / "run/step_1").mkdir(parents=True)
+    (a.mountpoint / "run/step_1/model.pt").write_bytes(b"one")
+    nodes.drained({"run/step_1/model.pt": b"one"})
+    a.stop()
+    failing = proxy.add(Fault("slowdown", "GET", r"list-type=2", count=10**6))
+    a.start()
+    (a.mountpoint / "run/step_2").mkdir()
+    (a.mountpoint / "run/step_2/model.pt").write_bytes(b"two")
+    (a.mountpoint / "run/latest").write_bytes(b"step_2")
+    assert failing.hits > 0  # the store was asked, and could not answer
+    failing.count = 0  # it answers again
+    nodes.drained(
+        {"run/step_1/model.pt": b"one", "run/step_2/model.pt": b"two", "run/latest": b"step_2"}
+    )

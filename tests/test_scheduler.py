@@ -626,7 +626,7 @@ def test_a_file_reported_between_two_audits_is_no_lost_wakeup() -> None:
     it is still under way): only one unqueued at two audits in a row counts."""
 
     async def test(s: Scheduler, w: FakeWorker) -> None:
-        await trio.sleep(1.5)  # past the start's own audit
+        await trio.sleep(2.5)  # past the start's own audit, and the spacing it set (2 s)
         w.files[1] = FakeFile("late")
         s.wake()  # an idle moment: the audit sees it unqueued
         await trio.sleep(0.5)
