@@ -85,7 +85,10 @@ def test_what_one_small_file_costs(gateway: GatewayFactory, tmp_path: Path, data
     assert req.get("write", 0) == writes, req
     assert req.get("setattr", 0) <= writes, req
     seen = " ".join(f"{k}={v}" for k, v in sorted(req.items()))
-    assert sum(req.values()) <= 6 * n + flushes + 2 * writes + int(took) + 1, seen
+    # FORGET is the kernel letting inodes go from its cache, when it likes (memory pressure
+    # on a loaded machine), not a cost of the save: left out of the budget.
+    asked = sum(v for k, v in req.items() if k != "forget")
+    assert asked <= 6 * n + flushes + 2 * writes + int(took) + 1, seen
     # Each fsync: one fsync of its cache file, one journal barrier (the create is journaled),
     # and the directory entry only where the cache filesystem needs it. The first at least
     # on the event loop's own thread (one writer, small files); the others too unless one
