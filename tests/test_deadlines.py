@@ -431,6 +431,13 @@ def in_store(endpoint: str, bucket: str, key: str) -> bytes | None:
         return None
 
 
+def warned_once(gw: CheckedGateway, text: str, endpoint: str) -> None:
+    """The daemon's log says ``text`` once, as a warning naming the endpoint."""
+    log = (gw.cache_dir / "ckptgw.log").read_text()
+    said = [ln for ln in log.splitlines() if text in ln]
+    assert len(said) == 1 and " WARNING " in said[0] and endpoint in said[0], said
+
+
 @needs_fuse
 @any_data_path
 def test_through_a_mount_an_endpoint_that_ignores_expect_is_drained_and_said_once(
@@ -462,9 +469,7 @@ def test_through_a_mount_an_endpoint_that_ignores_expect_is_drained_and_said_onc
         assert f"endpoint  {proxy.url}: Expect: 100-continue off (" in text
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
         assert f'ckptgw_store_expect_continue{{endpoint="{proxy.url}"'.encode() in metrics
-        log = (gw.cache_dir / "ckptgw.log").read_text()
-        said = [ln for ln in log.splitlines() if "did not answer Expect: 100-continue" in ln]
-        assert len(said) == 1 and " WARNING " in said[0] and proxy.url in said[0]
+        warned_once(gw, "did not answer Expect: 100-continue", proxy.url)
     finally:
         gw.stop()
         proxy.close()
@@ -518,9 +523,7 @@ def test_through_a_mount_a_stalled_part_is_named_in_status_metrics_and_log_then_
             "PART 2 of ckpt/latest.pt: stalled: no progress for 8 s while sending"
             in (st["last_error"])
         )
-        log = (gw.cache_dir / "ckptgw.log").read_text()
-        said = [ln for ln in log.splitlines() if "PART 2 of ckpt/latest.pt: stalled at" in ln]
-        assert len(said) == 1 and " WARNING " in said[0] and proxy.url in said[0]
+        warned_once(gw, "PART 2 of ckpt/latest.pt: stalled at", proxy.url)
     finally:
         gw.stop()
         proxy.close()

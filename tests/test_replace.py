@@ -82,6 +82,16 @@ async def durable(n: Node, name: bytes, data: bytes) -> int:
     return inode
 
 
+async def durable_then_held(n: Node, name: bytes, data: bytes, gate: str) -> int:
+    """``name`` made durable with ``gate`` open, then watched (it must never be missing) and
+    the gate closed again, so that the next upload is held there; returns its inode."""
+    n.store.open(gate)
+    inode = await durable(n, name, data)
+    watched(n).watched.add(name.decode())
+    n.store.close(gate)
+    return inode
+
+
 async def holds(n: Node, key: str, data: bytes) -> None:
     got = await n.store.get(key)
     assert got == data, f"{key} holds {len(got)} bytes, not the {len(data)} expected"
@@ -105,10 +115,7 @@ def test_a_save_renamed_over_a_durable_file_keeps_the_old_object_until_the_new_o
     async def test() -> None:
         async with node(tmp_path, gate, store_cls=WatchedStore) as n:
             store = watched(n)
-            n.store.open(gate)
-            await durable(n, b"latest.pt", old)
-            store.watched.add("latest.pt")
-            n.store.close(gate)
+            await durable_then_held(n, b"latest.pt", old, gate)
             await n.write(ROOT_INODE, b"latest.pt.tmp", new)
             n.fs.namespace.rename(ROOT_INODE, b"latest.pt.tmp", ROOT_INODE, b"latest.pt", 0)
             row = name_row(n, b"latest.pt")
@@ -144,10 +151,7 @@ def test_a_file_renamed_over_a_durable_one_while_it_uploads_replaces_it(
     async def test() -> None:
         async with node(tmp_path, "later_parts", store_cls=WatchedStore) as n:
             store = watched(n)
-            n.store.open("later_parts")
-            await durable(n, b"latest.pt", old)
-            store.watched.add("latest.pt")
-            n.store.close("later_parts")
+            await durable_then_held(n, b"latest.pt", old, "later_parts")
             await n.write(ROOT_INODE, b"tmp", tmp)
             await n.store.entered("later_parts").wait()  # uploading to "tmp"
             n.fs.namespace.rename(ROOT_INODE, b"tmp", ROOT_INODE, b"latest.pt", 0)
@@ -196,10 +200,7 @@ def test_an_unlink_then_a_create_of_the_same_name_keeps_the_old_object(tmp_path:
     async def test() -> None:
         async with node(tmp_path, "later_parts", store_cls=WatchedStore) as n:
             store = watched(n)
-            n.store.open("later_parts")
-            first = await durable(n, b"latest.pt", old)
-            store.watched.add("latest.pt")
-            n.store.close("later_parts")
+            first = await durable_then_held(n, b"latest.pt", old, "later_parts")
             n.fs.namespace.unlink(ROOT_INODE, b"latest.pt")
             second = await n.write(ROOT_INODE, b"latest.pt", new)  # a new inode
             assert second != first
@@ -220,10 +221,7 @@ def test_an_o_trunc_rewrite_in_place_keeps_the_old_object(tmp_path: Path) -> Non
     async def test() -> None:
         async with node(tmp_path, "later_parts", store_cls=WatchedStore) as n:
             store = watched(n)
-            n.store.open("later_parts")
-            await durable(n, b"latest.pt", old)
-            store.watched.add("latest.pt")
-            n.store.close("later_parts")
+            await durable_then_held(n, b"latest.pt", old, "later_parts")
             await n.write(ROOT_INODE, b"latest.pt", new, os.O_TRUNC)
             await n.store.entered("later_parts").wait()
             await holds(n, "latest.pt", old)
