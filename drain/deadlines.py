@@ -3,8 +3,8 @@
 Why this exists: the HTTP layer bounds only part of a request. aiohttp waits for a ``100
 Continue`` without limit (botocore asks for one on every PUT and part), its read timeout
 starts only once the body is written, and a body the server stops reading waits in the
-socket for ever. So each request (each attempt) has a :class:`RequestWatch`, and a timer on
-the client's asyncio loop (:meth:`Watchdog.watched`) holds it to :class:`Deadlines`:
+socket for ever. So each request (each attempt) has a :class:`RequestWatch`, and a sweeper on
+the client's asyncio loop (:class:`Watchdog`) holds it to :class:`Deadlines`:
 
 * until the request is sent (signing, a connection, its head) and then until the first byte
   of the answer: ``first_byte`` seconds (ten times that, :data:`SLOW_ANSWER`, for the calls

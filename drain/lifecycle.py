@@ -352,17 +352,10 @@ class Lifecycle:
         # A file of it rewritten since the plan (dirty, its key now its previous version,
         # which its upload replaces): that key is not deleted (ARCHITECTURE.md, invariant 9).
         # The plan was made several awaits ago.
-        keys = [k for k in keys if not self._replaced(k)]
+        keys = [k for k in keys if not self.fs.keys.replaced(k)]
         await self.store.delete_many(keys)
         for key in keys:  # a listing begun before the delete must not bring the names back
             self.fs.keys.note_removed(key)
-
-    def _replaced(self, key: str) -> bool:
-        row = self.fs.journal.stored_at(key)
-        return row is not None and self.fs.table.current(row).state in (
-            State.DIRTY,
-            State.UPLOADING,
-        )
 
     async def _tag(self, key: str, storage_class: str) -> None:
         await self.store.put_tags(key, {CLASS_TAG: storage_class})

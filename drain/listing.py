@@ -32,10 +32,10 @@ A failed listing is logged once (until one works again); it is tried again after
 for it at most ``store.lookup_wait`` seconds after it started; later lookups share it rather
 than start another, and its merge is made whenever it completes. Past the deadline, a lookup
 is answered from the journal only where the journal's view of the directory can be trusted
-to say "no such name" (:meth:`Listings.has_view`): the directory was listed since the mount,
-or made here since the mount (it was new: its parent's view lacked it, and every name in it
-since was made here). Either way local entries win, so the saving node is never held up by
-the store. A directory with no such view (a fresh node restoring a checkpoint: nothing in the
+to say "no such name" (:meth:`Listings.has_view`): the directory was listed or made since the
+mount, or, from before it, made on this node or holding entries (a view as old as its last
+listing then). Either way local entries win, so the saving node is never held up by the
+store. A directory with no such view (a fresh node restoring a checkpoint: nothing in the
 journal to answer from) waits for its first listing, bounded by the store's own request
 deadlines and attempts; if that listing fails, a name it lacks is an error (EIO), not "no
 such file", and so is reading the directory: an empty answer would be a false one (unless
@@ -160,9 +160,13 @@ class Listings:
             if last is not None and trio.current_time() - last < self.config.ttl:
                 return
             prefix = self._prefix(d)
-            job = self._inflight[d.id] = Pending(f"LIST {prefix or '(the top level)'}")
-            d.pins += 1  # the listing may outlive the lookup that started it
-            await self.waits.launch(job, lambda: self._refresh(d, prefix, job.started))
+            job = await self.waits.start(
+                self._inflight,
+                d,
+                f"LIST {prefix or '(the top level)'}",
+                lambda job: self._refresh(d, prefix, job.started),
+                self.table,
+            )
         if deadline is None:
             await job.done.wait()
         elif not await self.waits.join(job, deadline):
@@ -178,28 +182,23 @@ class Listings:
 
     async def _refresh(self, d: Inode, prefix: str, began: float) -> bool:
         started = time.monotonic()  # what the merge compares our own deletes and uploads with
-        try:
-            listing, nothing = await self._list(prefix)
-            self._tried[d.id] = began
-            if listing is None:
-                if nothing:  # no merge: what is clean here may be the only copy left
-                    self._listed[d.id] = began
-                return False
-            described = await self._describe_new(d, prefix, listing)
-            if d.parent is None and d.id != ROOT_INODE:
-                return False  # removed meanwhile
-            if self._prefix(d) != prefix:
-                # Renamed while it was listed (a listing may outlive its lookup by minutes):
-                # what it shows is of the old name, whose objects are moving away.
-                self._tried.pop(d.id, None)
-                return False
-            self._merge(d, prefix, listing, started, described)
-            self._listed[d.id] = began
-            return True
-        finally:
-            del self._inflight[d.id]
-            d.pins -= 1
-            self.table.release_if_unused(d)
+        listing, nothing = await self._list(prefix)
+        self._tried[d.id] = began
+        if listing is None:
+            if nothing:  # no merge: what is clean here may be the only copy left
+                self._listed[d.id] = began
+            return False
+        described = await self._describe_new(d, prefix, listing)
+        if d.parent is None and d.id != ROOT_INODE:
+            return False  # removed meanwhile
+        if self._prefix(d) != prefix:
+            # Renamed while it was listed (a listing may outlive its lookup by minutes):
+            # what it shows is of the old name, whose objects are moving away.
+            self._tried.pop(d.id, None)
+            return False
+        self._merge(d, prefix, listing, started, described)
+        self._listed[d.id] = began
+        return True
 
     async def describe_all(self, d: Inode, *, deadline: float | None = None) -> None:
         """Read the metadata of ``d``'s remote entries not yet described, up to ``describe``
@@ -208,46 +207,40 @@ class Listings:
         after another). A read that fails leaves the entry for its lookup. ``deadline``, as
         for :meth:`refresh`: the reads go on in the background past it (an entry's lookup
         meanwhile shares its read: :meth:`drain.entries.Entries.describe`)."""
-        job = self._describing.get(d.id)
-        if job is None:
-            where = self._prefix(d) or "the top level"
-            job = self._describing[d.id] = Pending(f"HEADs of the entries of {where}")
-            d.pins += 1
-            await self.waits.launch(job, lambda: self._describe_all(d))
+        job = self._describing.get(d.id) or await self.waits.start(
+            self._describing,
+            d,
+            f"HEADs of the entries of {self._prefix(d) or 'the top level'}",
+            lambda _: self._describe_all(d),
+            self.table,
+        )
         if deadline is None:
             await job.done.wait()
         elif not await self.waits.join(job, deadline):
             self.waits.undescribed += 1
 
     async def _describe_all(self, d: Inode) -> bool:
-        try:
-            todo: list[InodeRow] = []
-            after = 0
-            while len(todo) < self.config.describe and (
-                rows := self.table.children(d.id, after, 1000)
-            ):
-                after = rows[-1].id
-                todo += [r for r in rows if not self.entries.known(r)]
-            limiter = trio.CapacityLimiter(self.config.heads)
+        todo: list[InodeRow] = []
+        after = 0
+        while len(todo) < self.config.describe and (rows := self.table.children(d.id, after, 1000)):
+            after = rows[-1].id
+            todo += [r for r in rows if not self.entries.known(r)]
+        limiter = trio.CapacityLimiter(self.config.heads)
 
-            async def one(row: InodeRow) -> None:
-                ino = self.table.adopt(row)
-                ino.pins += 1
-                try:
-                    async with limiter:
-                        await self.entries.describe(ino, strict=False)
-                finally:
-                    ino.pins -= 1
-                    self.table.release_if_unused(ino)
+        async def one(row: InodeRow) -> None:
+            ino = self.table.adopt(row)
+            ino.pins += 1
+            try:
+                async with limiter:
+                    await self.entries.describe(ino, strict=False)
+            finally:
+                ino.pins -= 1
+                self.table.release_if_unused(ino)
 
-            async with trio.open_nursery() as nursery:
-                for row in todo[: self.config.describe]:
-                    nursery.start_soon(one, row)
-            return True
-        finally:
-            del self._describing[d.id]
-            d.pins -= 1
-            self.table.release_if_unused(d)
+        async with trio.open_nursery() as nursery:
+            for row in todo[: self.config.describe]:
+                nursery.start_soon(one, row)
+        return True
 
     async def _list(self, prefix: str) -> tuple[Listing | None, bool]:
         """The listing, or None if the store could not be listed; and whether it says that

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from ckptgw.fsops.inodes import Inode, InodeTable
+
 log = logging.getLogger(__name__)
 
 DEFAULT_WAIT = 2.0  # seconds; ``store.lookup_wait``
@@ -85,6 +87,31 @@ class LookupWait:
                 await trio.sleep_forever()
         finally:
             self._nursery = None
+
+    async def start(
+        self,
+        jobs: dict[int, Pending],
+        ino: Inode,
+        what: str,
+        call: Callable[[Pending], Awaitable[bool]],
+        table: InodeTable,
+    ) -> Pending:
+        """A new job for ``ino``, shared through ``jobs`` while it runs (:meth:`launch`): the
+        inode stays in memory meanwhile (the job may outlive the lookup that started it),
+        and the job leaves ``jobs`` when it ends."""
+        job = jobs[ino.id] = Pending(what)
+        ino.pins += 1
+
+        async def run() -> bool:
+            try:
+                return await call(job)
+            finally:
+                del jobs[ino.id]
+                ino.pins -= 1
+                table.release_if_unused(ino)
+
+        await self.launch(job, run)
+        return job
 
     async def launch(self, job: Pending, call: Callable[[], Awaitable[bool]]) -> None:
         """Run ``call`` (True: its answer was applied) for ``job``: in the background once

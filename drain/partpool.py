@@ -307,11 +307,11 @@ class PartPool:
                     "received": 0,
                     "stalled": False,
                 }
-                if call.stalled is not None:
+                if call.stalled is not None:  # as the worker saw it, aged since
                     later = now - call.stalled_at
-                    view |= {k: call.stalled[k] for k in view if k in call.stalled}
+                    view |= {k: call.stalled[k] for k in ("phase", "sent", "received")}
                     view |= {"idle": round(float(call.stalled["idle"]) + later, 3)}
-                    view |= {"age": round(now - call.started, 3), "stalled": True}
+                    view["stalled"] = True
                 out.append(view)
         return out
 

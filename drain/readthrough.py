@@ -60,34 +60,30 @@ class ReadThrough:
         keep them) and the description goes on, shared by the next lookups."""
         if self.entries.known(ino):
             return
-        job = self._describing.get(ino.id)
-        if job is None:
-            key = self.listings.keys.entry_key(ino) if ino.is_dir else ino.stored_key
-            job = self._describing[ino.id] = Pending(f"HEAD {key}")
-            ino.pins += 1  # the description may outlive the lookup
-            await self.waits.launch(job, lambda: self._describe(ino, job))
+        job = self._describing.get(ino.id) or await self.waits.start(
+            self._describing,
+            ino,
+            f"HEAD {self.listings.keys.entry_key(ino) if ino.is_dir else ino.stored_key}",
+            lambda job: self._describe(ino, job),
+            self.listings.table,
+        )
         if not await self.waits.join(job):
             self.waits.undescribed += 1
 
     async def _describe(self, ino: Inode, job: Pending) -> bool:
         """A file a warm-up is to fetch, or is fetching, is described by its fetch's first
         response (and fetched sooner for it) rather than by a HEAD of its own."""
-        try:
-            if ino.is_reg and not self.entries.known(ino):
-                job.what = f"the first response of the fetch of {ino.stored_key}"
-                job.of_store = False  # the fetch may wait for a GET slot first
-                if await self.fetcher.described(
-                    ino, start=self.prefetcher.planned(ino)
-                ) and self.entries.known(ino):
-                    return True
-                job.what, job.of_store = f"HEAD {ino.stored_key}", True
-            async with self._heads:
-                await self.entries.describe(ino, strict=False)
-            return self.entries.known(ino)
-        finally:
-            del self._describing[ino.id]
-            ino.pins -= 1
-            self.listings.table.release_if_unused(ino)
+        if ino.is_reg and not self.entries.known(ino):
+            job.what = f"the first response of the fetch of {ino.stored_key}"
+            job.of_store = False  # the fetch may wait for a GET slot first
+            if await self.fetcher.described(
+                ino, start=self.prefetcher.planned(ino)
+            ) and self.entries.known(ino):
+                return True
+            job.what, job.of_store = f"HEAD {ino.stored_key}", True
+        async with self._heads:
+            await self.entries.describe(ino, strict=False)
+        return self.entries.known(ino)
 
     def known(self, row: InodeRow) -> bool:
         return self.entries.known(row)

@@ -19,9 +19,12 @@ and a PUT of 512 KiB 3.5-3.8 ms against 5.1-5.3 ms (ARCHITECTURE.md, "The S3 cli
   This is not a retry of a failure (:mod:`drain.retry` is the one place for those): it is the
   same request in the form the endpoint speaks, at most once per call.
 * Every request is held to :class:`drain.deadlines.Deadlines` (connect, first byte of the
-  answer, no progress while bytes move) by a timer on the asyncio loop; an attempt past one
-  fails with a temporary StoreError (``Stalled``, ``Timeout``), and one past
-  ``Deadlines.warning`` without progress is logged once and listed by :meth:`view`.
+  answer, no progress while bytes move) by the store's sweeper on the asyncio loop
+  (:class:`drain.deadlines.Watchdog`); an attempt past one fails with a temporary StoreError
+  (``Stalled``, ``Timeout``), and one past ``Deadlines.warning`` without progress is logged
+  once and listed by :meth:`S3Store.requests_view`.
+* aiohttp's own resend of an idempotent request on a closed kept-alive connection is off
+  (:class:`_Session`): such a retry is made, counted and logged by :mod:`drain.retry`.
 * botocore's own retries are off (one attempt per call); :mod:`drain.retry` is the one place.
 * Every PUT and every part carries its CRC32 (``x-amz-checksum-crc32``), so the store checks
   the bytes it received (a mismatch is ``BadDigest``, retried: the bytes go again), and a
@@ -437,8 +440,8 @@ class S3Store(Store):
         self.bucket = url.bucket
         self._client = client
         self._loop = loop
-        # The endpoint's URL (never credentials: the config refuses a URL that has some).
-        self.endpoint = without_userinfo(str(client.meta.endpoint_url))  # status, logs, metrics
+        # The endpoint, as status, the log and the metrics name it: never a user or password.
+        self.endpoint = without_userinfo(str(client.meta.endpoint_url))
         self.watchdog = Watchdog(
             deadlines or Deadlines(), self.endpoint, pool_size, on_stall or self._log_stall
         )
@@ -698,18 +701,20 @@ class S3Store(Store):
         async def fetch(watch: RequestWatch) -> bytes:
             r = await self._client.get_object(Bucket=self.bucket, **kwargs)
             watch.to(RECEIVING, time.monotonic())
-            data = bytearray()
+            chunks: list[bytes] = []
+            got = 0
             async with r["Body"] as body:
                 async for chunk in body.raw_stream.content.iter_any():
-                    data += chunk
+                    chunks.append(chunk)
+                    got += len(chunk)
                     watch.moved(time.monotonic(), received=len(chunk))
-            if len(data) != int(r["ContentLength"]):  # aiohttp raises first, as a rule
+            if got != int(r["ContentLength"]):  # aiohttp raises first, as a rule
                 raise StoreError(
-                    f"GET {key}: {len(data)} of {r['ContentLength']} bytes arrived",
+                    f"GET {key}: {got} of {r['ContentLength']} bytes arrived",
                     temporary=True,
                     code="Transport",
                 )
-            return bytes(data)
+            return b"".join(chunks)
 
         return await self._run(f"GET {key}", fetch, key=key)
 

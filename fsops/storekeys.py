@@ -90,6 +90,16 @@ class StoreKeys:
         never deleted."""
         return self.journal.stored_at(key) is not None
 
+    def replaced(self, key: str) -> bool:
+        """Whether ``key`` is held only as the previous version of an entry whose new version
+        has not replaced it yet (a dirty or uploading row's): the entry's, not what a store
+        operation or retention planned before it took the name."""
+        row = self.journal.stored_at(key)  # a clean or remote holder comes first
+        return row is not None and self.table.current(row).state in (
+            State.DIRTY,
+            State.UPLOADING,
+        )
+
     def done(self, *ops: StoreOp, kept: frozenset[str] = frozenset()) -> None:
         """Store operations are carried out: forget them (one transaction), and wake whoever
         waits for their keys. ``kept``: keys they were to delete that an entry held by then,

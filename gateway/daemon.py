@@ -274,7 +274,7 @@ async def check_store(
     checked again for up to ``MOUNT_PATIENCE`` seconds before the mount fails.
 
     Each try is held to the store's deadlines (an S3 store answers its check within
-    ``s3store.CHECK_ANSWER`` seconds or the try fails), so a store that accepts connections
+    ``deadlines.CHECK_ANSWER`` seconds or the try fails), so a store that accepts connections
     and never answers costs a mount about half a minute, not minutes; a check not done
     within ``CHECK_NOTICE`` seconds is said, with what it waits for, in the log and to
     ``ckptgw mount`` (``ready``), which prints it."""

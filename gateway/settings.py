@@ -283,7 +283,7 @@ SETTINGS = (
             field="endpoint_url"),
     Setting("store", "listing_ttl", SECONDS, 5.0,
             "seconds a directory listing of the store is reused", field="listing_ttl"),
-    Setting("store", "lookup_wait", Number(0.1), 2.0,
+    Setting("store", "lookup_wait", DEADLINE, 2.0,
             "seconds a lookup waits for the store (a listing, an entry's metadata); then it is "
             "answered from what this node knows, where that cannot wrongly say a file is "
             "missing, and the request goes on in the background", field="lookup_wait"),
