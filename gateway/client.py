@@ -49,13 +49,18 @@ class Mount:
     mountpoint: Path
     entry: registry.Entry
 
-    def request(self, op: str, **args: Any) -> dict[str, Any]:
-        """One request to the daemon; its result, or UserError."""
+    def request(
+        self, op: str, *, answer_within: float | None = None, **args: Any
+    ) -> dict[str, Any]:
+        """One request to the daemon; its result, or UserError. ``answer_within``: the
+        seconds the daemon may take (default: CONNECT_TIMEOUT, plus a ``pending``'s wait)."""
         path = self.entry.control
         if not path:
             raise NotRunning(f"the gateway for {self.mountpoint} has no control socket")
         # A ``pending`` may wait in the daemon first (a bad wait: none, the daemon refuses it).
-        timeout = CONNECT_TIMEOUT + min(wait_seconds(args.get("wait", 0)) or 0.0, MAX_WAIT)
+        timeout = answer_within or (
+            CONNECT_TIMEOUT + min(wait_seconds(args.get("wait", 0)) or 0.0, MAX_WAIT)
+        )
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
             try:

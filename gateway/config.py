@@ -144,6 +144,41 @@ class Config:
     def log_path(self) -> Path:
         return self.log_file or self.cache_dir / "ckptgw.log"
 
+    def running_view(self) -> dict[str, Any]:
+        """What a running daemon tells ``ckptgw doctor`` it runs with (the control socket's
+        ``config``): what doctor checks. No credentials: the config never holds any."""
+        return {
+            "mountpoint": str(self.mountpoint),
+            "store": str(self.store),
+            "endpoint_url": self.endpoint_url,
+            "cache_dir": str(self.cache_dir),
+            "allow_local_store": self.allow_local_store,
+            "passthrough": self.passthrough,
+            "reserve_bytes": self.reserve_bytes,
+            "cache_size": self.cache_size,
+            "direct_io": self.direct_io,
+            "log_file": str(self.log_path),
+        }
+
+    @classmethod
+    def from_running_view(cls, view: dict[str, Any]) -> Config:
+        """The Config a ``running_view`` describes (the rest at its defaults)."""
+        try:
+            return cls(
+                mountpoint=Path(view["mountpoint"]),
+                store=parse_store_url(str(view["store"])),
+                cache_dir=Path(view["cache_dir"]),
+                endpoint_url=view.get("endpoint_url"),
+                allow_local_store=bool(view["allow_local_store"]),
+                passthrough=bool(view["passthrough"]),
+                reserve_bytes=int(view["reserve_bytes"]),
+                cache_size=None if view.get("cache_size") is None else int(view["cache_size"]),
+                direct_io=bool(view["direct_io"]),
+                log_file=Path(view["log_file"]),
+            )
+        except (KeyError, TypeError, ValueError, StoreURLError) as e:
+            raise UserError(f"the gateway's description of its configuration: {e!r}") from None
+
 
 _KNOWN = known()  # every section and its keys
 _TABLE_LISTS = {s.name for s in SECTIONS if s.many}  # written [[name]]: one table each

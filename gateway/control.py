@@ -12,16 +12,17 @@ way (a request is at most 1 MiB)::
     <- {"version": 1, "ok": true, "result": {...}}
     <- {"version": 1, "ok": false, "error": "one line"}
 
-This module only frames, checks the version and dispatches; the operations are the handlers
-the daemon passes in (``gateway.daemon.control_handlers``): ``status``; ``pending`` and
-``flush`` with ``paths`` (relative to the mount's root; none means all of it), and
-``pending`` with ``wait`` (seconds, at most 60: answered once nothing is pending or when
-the wait is up, with ``waited``; a daemon without it answers at once); ``pin`` with
-``path`` and ``pin`` (false: unpin); ``lifecycle_plan`` and ``lifecycle_apply`` with ``run``;
-``lifecycle_rules`` with ``apply``. A request whose ``version`` is missing or newer than the
-daemon's is refused with an error that says to restart the gateway, so old daemons and new
-clients fail clearly. A :class:`RequestError` (or ``ValueError``) from a handler goes back as
-its message; anything else is logged and answered as an internal error. Handlers are async
+This module only frames, checks the version and dispatches; the operations are the handlers the
+daemon passes in (``gateway.daemon.control_handlers``): ``status``; ``pending`` and ``flush``
+with ``paths`` (relative to the mount's root; none means all of it), and ``pending`` with
+``wait`` (seconds, at most 60: answered once nothing is pending or when the wait is up, with
+``waited``; a daemon without it answers at once); ``pin`` with ``path`` and ``pin`` (false:
+unpin); ``lifecycle_plan`` and ``lifecycle_apply`` with ``run``; ``lifecycle_rules`` with
+``apply``; ``config`` (what the daemon runs with, for ``ckptgw doctor``) and ``probe_store``
+(doctor's store checks, made by the daemon). A request whose ``version`` is missing or newer
+than the daemon's is refused with an error that says to restart the gateway, so old daemons and
+new clients fail clearly. A :class:`RequestError` (or ``ValueError``) from a handler goes back
+as its message; anything else is logged and answered as an internal error. Handlers are async
 (lifecycle ones talk to the store); the 10 s time limit covers reading the request, not them.
 """
 

@@ -14,6 +14,7 @@ left stays in the journal and drains at the next mount of the same cache.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import inspect
 import logging
@@ -432,7 +433,7 @@ def _run(request: dict[str, Any]) -> str | None:
     return None if run is None else str(run)
 
 
-def control_handlers(reporter: Reporter, lifecycle: Lifecycle) -> dict[str, Any]:
+def control_handlers(reporter: Reporter, lifecycle: Lifecycle, cfg: Config) -> dict[str, Any]:
     def guarded(call: Any) -> Any:
         """A handler whose errors the client should see as they are (a path, the store)."""
 
@@ -484,8 +485,17 @@ def control_handlers(reporter: Reporter, lifecycle: Lifecycle) -> dict[str, Any]
     async def warmup_status(r: dict[str, Any]) -> dict[str, Any]:
         return prefetcher().job(int(r.get("id", 0))).view()
 
+    async def probe_store(r: dict[str, Any]) -> dict[str, Any]:
+        """``ckptgw doctor MOUNTPOINT``: the store's checks, made by this daemon (its
+        credentials, its endpoint) with a client of their own, not the drain's."""
+        from ckptgw.gateway.storeprobe import probe_store as probe  # botocore: only now
+
+        return {"checks": [dataclasses.asdict(c) for c in await probe(cfg)]}
+
     return {
         "status": guarded(lambda r: reporter.status()),
+        "config": guarded(lambda r: cfg.running_view()),
+        "probe_store": guarded(probe_store),
         "pending": guarded(lambda r: reporter.pending_within(_paths(r), _wait(r))),
         "flush": guarded(lambda r: reporter.flush(_paths(r))),
         "lifecycle_plan": guarded(plan),
@@ -619,7 +629,8 @@ async def _serve(
         reporter.prefetcher = prefetcher
         reporter.lookups = remote.waits  # lookups answered without a stalled store
         await nursery.start(lifecycle.run)
-        await nursery.start(ControlServer(mount.control, control_handlers(reporter, lifecycle)).run)
+        handlers = control_handlers(reporter, lifecycle, cfg)
+        await nursery.start(ControlServer(mount.control, handlers).run)
         if cfg.lifecycle_interval > 0 and cfg.retention:
             nursery.start_soon(_retention_timer, lifecycle, cfg.lifecycle_interval)
         if cfg.metrics_listen is not None:

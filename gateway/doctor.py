@@ -1,10 +1,13 @@
 """``ckptgw doctor``: check what a mount needs and say what is wrong, one line per check.
 
-The configuration is resolved as ``mount`` resolves it (:func:`gateway.config.load_config`),
-then this machine is checked (:mod:`gateway.hostcheck`: FUSE, passthrough, the cache disk,
-the mountpoint) and then the store (:mod:`gateway.storeprobe`). A config file that does not
-load is one failed line, and the rest is checked with the flags and defaults alone. Exit
-code 0 when no check failed (warnings and information do not fail), 1 otherwise."""
+On a running gateway's mountpoint it checks that mount, as its daemon runs it
+(:mod:`gateway.doctorlive`), and the flags that choose a store or a cache are refused: they
+would check something else than what runs. Otherwise the configuration is resolved as ``mount``
+resolves it (:func:`gateway.config.load_config`), then this machine is checked
+(:mod:`gateway.hostcheck`: FUSE, passthrough, the cache disk, the mountpoint) and then the store
+(:mod:`gateway.storeprobe`). A config file that does not load is one failed line, and the rest
+is checked with the flags and defaults alone. Exit code 0 when no check failed (warnings and
+information do not fail), 1 otherwise."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
+from ckptgw.gateway.client import Mount, mount_at
 from ckptgw.gateway.config import Config, load_config
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.hostcheck import (
@@ -27,6 +31,7 @@ from ckptgw.gateway.hostcheck import (
     mountpoint_check,
     passthrough_check,
 )
+from ckptgw.gateway.mountpoint import FSTYPE, is_stale, mounted_fstype
 
 # Without a MOUNTPOINT, the defaults that depend on one (the cache dir) are those of this one.
 PLACEHOLDER = "/mnt/ckpt"
@@ -70,20 +75,55 @@ def checks(mountpoint: str | None, config_file: str | None = None, **flags: Any)
         yield from store_checks(cfg)
 
 
+CONFIG_FLAGS = ("config", "store", "cache_dir", "endpoint_url", "allow_local_store")
+
+
+def running_gateway(mountpoint: str | None) -> Mount | None:
+    """The gateway mounted and answering at ``mountpoint``; None where nothing (or a dead
+    gateway's stale mount) is mounted there. UserError where one runs but cannot be asked."""
+    if mountpoint is None:
+        return None
+    mp = Path(os.path.abspath(mountpoint))
+    if mounted_fstype(mp) != FSTYPE or is_stale(mp):
+        return None
+    return mount_at(mp)  # NotRunning (another user's, another runtime dir) says what to do
+
+
 def run(args: argparse.Namespace) -> int:
     """``ckptgw doctor``: print the checks (as they are done, or a JSON list at the end)."""
+    mount = running_gateway(args.mountpoint)
+    if mount is not None:
+        given = [f"--{f.replace('_', '-')}" for f in CONFIG_FLAGS if getattr(args, f)]
+        if given:
+            raise UserError(
+                f"{mount.mountpoint} is a running gateway: doctor checks the store and cache dir "
+                f"it runs with, so {', '.join(given)} would check something else; drop "
+                f"{'it' if len(given) == 1 else 'them'}, or leave out the mountpoint to check "
+                "a configuration before mounting it"
+            )
+        from ckptgw.gateway import doctorlive
+
+        return report(doctorlive.checks(mount), args.json)
+    return report(
+        checks(
+            args.mountpoint,
+            args.config,
+            store=args.store,
+            cache_dir=args.cache_dir,
+            endpoint_url=args.endpoint_url,
+            allow_local_store=args.allow_local_store,
+        ),
+        args.json,
+    )
+
+
+def report(done: Iterator[Check], as_json: bool) -> int:
+    """Print each check as it is done (or a JSON list at the end); 1 if any failed."""
     found: list[Check] = []
-    for c in checks(
-        args.mountpoint,
-        args.config,
-        store=args.store,
-        cache_dir=args.cache_dir,
-        endpoint_url=args.endpoint_url,
-        allow_local_store=args.allow_local_store,
-    ):
+    for c in done:
         found.append(c)
-        if not args.json:
+        if not as_json:
             print(c.line(), flush=True)
-    if args.json:
+    if as_json:
         print(json.dumps([dataclasses.asdict(c) for c in found], indent=2))
     return 1 if any(c.status == FAIL for c in found) else 0

@@ -41,15 +41,22 @@ T = TypeVar("T")
 
 
 def store_checks(cfg: Config) -> list[Check]:
+    """The store's checks, from this process (``ckptgw doctor`` before any mount)."""
+    return trio.run(probe_store, cfg)
+
+
+async def probe_store(cfg: Config) -> list[Check]:
+    """The store's checks in a trio loop that runs already (a running daemon's: its
+    credentials, its endpoint, its store)."""
     if cfg.store.scheme == "s3":
-        creds = credentials_check()
+        creds = await trio.to_thread.run_sync(credentials_check)  # may ask instance metadata
         if creds.status == FAIL:
             return [creds]
-        return [creds, *trio.run(_probe, cfg), place_check(cfg)]
+        return [creds, *await _probe(cfg), place_check(cfg)]
     place = place_check(cfg)  # first: a store doctor would refuse is not created
     if place.status == FAIL:
         return [place]
-    return [*trio.run(_probe, cfg), place]
+    return [*await _probe(cfg), place]
 
 
 def credentials_check() -> Check:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -188,12 +189,103 @@ def test_clock_skew_classification() -> None:
 
 
 @needs_fuse
-def test_a_running_gateway_is_information_not_a_failure(gateway: GatewayFactory) -> None:
+def test_a_running_gateway_is_checked_as_it_runs(gateway: GatewayFactory) -> None:
+    """On a running gateway's mountpoint doctor checks that mount, named in its first line,
+    not the defaults of this shell (which would be another store and cache dir)."""
     gw = gateway()
-    r = doctor(
-        "--store", gw.store, "--allow-local-store", "--cache-dir", str(gw.cache_dir),
-        str(gw.mountpoint),
-    )  # fmt: skip
+    r = doctor(str(gw.mountpoint))
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith(f"info  checking the running gateway at {gw.mountpoint} (pid "), first
+    assert f"store {gw.store}" in first and f"cache dir {gw.cache_dir}," in first
     line_with(r, "info", f"cache dir {gw.cache_dir} is in use by a running gateway (pid ")
-    line_with(r, "info", f"mountpoint {gw.mountpoint}: a gateway is mounted there")
-    assert r.returncode == 0, r.stdout
+    line_with(r, "ok", f"store {gw.store}: PUT, GET and DELETE of ")
+    line_with(r, "ok", "the drain is healthy: 0 files (0 B) queued")
+    assert "/var/lib/ckptgw" not in r.stdout and "mountpoint" not in r.stdout
+
+
+@needs_fuse
+def test_a_running_gateway_is_checked_with_its_own_credentials_and_endpoint(
+    gateway: GatewayFactory, s3_endpoint: str, bucket: str, tmp_path: Path
+) -> None:
+    """The store's checks are the daemon's: this shell has neither credentials nor the
+    endpoint, and doctor still checks the mount's S3 store, and leaves nothing in it."""
+    import boto3
+
+    gw = gateway("gw", "--endpoint-url", s3_endpoint, store=f"s3://{bucket}/run1/")
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    bare["CKPTGW_RUNTIME_DIR"] = gw.env["CKPTGW_RUNTIME_DIR"]
+    r = subprocess.run(
+        [sys.executable, "-m", "ckptgw.gateway.cli", "doctor", str(gw.mountpoint), "--json"],
+        capture_output=True, text=True, timeout=120, check=False, env=bare,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    found = json.loads(r.stdout)
+    assert found[0]["check"] == "gateway", found[0]
+    assert f"store s3://{bucket}/run1/, endpoint {s3_endpoint}," in found[0]["message"]
+    by = {c["check"]: c for c in found}
+    assert by["credentials"]["status"] == OK, by["credentials"]
+    assert "ckptgw-test" not in r.stdout  # the key id never shows, nor the secret
+    for name in ("endpoint", "bucket", "round-trip", "multipart"):
+        assert by[name]["status"] == OK, by[name]
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    assert not [k for k in keys if ".ckptgw-doctor" in k], keys
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
+@needs_fuse
+def test_flags_that_choose_another_store_are_refused_on_a_running_gateway(
+    gateway: GatewayFactory, tmp_path: Path
+) -> None:
+    gw = gateway()
+    r = doctor("--store", f"file://{tmp_path / 'other'}", str(gw.mountpoint))
+    assert r.returncode == 1 and r.stdout == ""
+    err = r.stderr.strip()
+    assert err.count("\n") == 0 and f"{gw.mountpoint} is a running gateway" in err, err
+    assert "--store would check something else; drop it" in err, err
+
+
+def test_status_problems_are_named_and_a_healthy_drain_is_one_line() -> None:
+    """The deterministic tier of the live checks: a status as the daemon writes it."""
+    from ckptgw.gateway.doctorlive import status_checks
+
+    now = 1_000_000.0
+    healthy: dict[str, Any] = {
+        "mountpoint": "/mnt/ckpt",
+        "data_path": {"mode": "passthrough", "reason": None},
+        "store_requests": None,
+        "last_error": None,
+        "last_error_at": None,
+        "lookups": None,
+        "queue": {"files": 2, "bytes": 3 << 20, "oldest_dirty_age": 4.0, "lost_wakeups": 0},
+        "cache": {"enospc": 0},
+    }
+    [ok] = status_checks(healthy, now)
+    assert (ok.check, ok.status) == ("drain", OK) and "2 files (3.0 MiB) queued" in ok.message
+    sick = dict(healthy)
+    sick["store_requests"] = {
+        "endpoint": "http://10.0.0.9:9000",
+        "expect_continue": False,
+        "no_continue": "it did not answer one in 1 s",
+        "deadlines": {"connect": 10, "first_byte": 30, "stall": 30, "warning": 10},
+        "in_flight": 3,
+        "stalled": 1,
+        "requests": [
+            {"what": "PUT run/a.pt", "key": "run/a.pt", "path": "/mnt/ckpt/run/a.pt",
+             "phase": "sending", "age": 50, "idle": 41.0, "sent": 1 << 20, "size": 8 << 20,
+             "received": 0, "stalled": True},
+        ],
+    }  # fmt: skip
+    sick["last_error"] = "SlowDown: Please reduce your request rate"
+    sick["last_error_at"] = now - 20
+    sick["queue"] = {"files": 5, "bytes": 5 << 30, "oldest_dirty_age": 3600.0, "lost_wakeups": 0}
+    sick["cache"] = {"enospc": 7}
+    got = {(c.check, c.status): c.message for c in status_checks(sick, now)}
+    assert "1 of 3 requests to http://10.0.0.9:9000 are stalled" in got[("requests", WARN)]
+    assert "PUT run/a.pt (/mnt/ckpt/run/a.pt): no progress for 41 s" in got[("requests", WARN)]
+    assert "does not answer Expect: 100-continue" in got[("requests", INFO)]
+    assert "20 s ago: SlowDown" in got[("store-errors", WARN)]
+    assert "5 files (5.0 GiB) only on this node, the oldest for 60 min" in got[("drain", WARN)]
+    assert "7 writes got ENOSPC" in got[("cache-space", WARN)]
+    assert ("drain", OK) not in got
