@@ -13,6 +13,7 @@ under way) or ``durable`` (the store has this content under this path). Per chec
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,41 @@ class FileView:
     since: float | None = None
 
 
+def is_marker(path: str) -> bool:
+    """A directory's marker object (``run/step_1/``): the store keeps one per directory."""
+    return path.endswith("/")
+
+
+@dataclass(frozen=True)
+class EntryCount:
+    """How a checkpoint's entries are counted wherever they are (status, the retention plan,
+    ``wait``): its files, every entry but directories (regular files, symlinks, special files:
+    an object each), and apart from them its directories: its own and each one below it,
+    whether a listing named the marker or only a file inside it."""
+
+    files: int
+    directories: int
+
+    @classmethod
+    def of(cls, root: str, paths: Iterable[str]) -> EntryCount:
+        files = 0
+        dirs: set[str] = set()
+        below = f"{root}/" if root else ""
+
+        def add(d: str) -> None:  # a directory and those between it and the root
+            while d and (d == root or d.startswith(below)) and d not in dirs:
+                dirs.add(d)
+                d = posixpath.dirname(d)
+
+        for p in paths:
+            if is_marker(p):
+                add(p.rstrip("/"))
+            else:
+                files += 1
+                add(posixpath.dirname(p))
+        return cls(files, len(dirs))
+
+
 @dataclass
 class CheckpointView:
     path: str  # relative to the mount's root; "" for files directly in it
@@ -57,6 +93,10 @@ class CheckpointView:
     @property
     def bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+    @property
+    def count(self) -> EntryCount:
+        return EntryCount.of(self.path, (f.path for f in self.files))
 
     @property
     def local_bytes(self) -> int:

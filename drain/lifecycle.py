@@ -42,7 +42,7 @@ import trio
 
 from ckptgw.drain.catalog import CheckpointFile as _File
 from ckptgw.drain.catalog import StoreCatalog, StoredCheckpoint, list_files
-from ckptgw.drain.checkpoints import DURABLE, FileView, Recognizer
+from ckptgw.drain.checkpoints import DURABLE, EntryCount, FileView, Recognizer
 from ckptgw.drain.entries import read_meta
 from ckptgw.drain.retention import DELETE, TRANSITION, Candidate, Decision, Policy, plan
 from ckptgw.drain.store import Store, StoreError
@@ -81,6 +81,7 @@ class CheckpointPlan:
 
     def view(self) -> dict[str, Any]:
         d = self.decision
+        count = EntryCount.of(d.path, (f.path for f in self.files))
         return {
             "run": self.run,
             "path": d.path,
@@ -88,7 +89,8 @@ class CheckpointPlan:
             "action": d.action,
             "reason": d.reason,
             "class": d.storage_class,
-            "files": len(self.files),
+            "files": count.files,  # as status counts them
+            "directories": count.directories,
             "bytes": sum(f.size for f in self.files),
         }
 

@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from ckptgw.drain.catalog import PER_DIRECTORY, CheckpointFile
-from ckptgw.drain.checkpoints import DURABLE, CheckpointView, FileView, Recognizer
+from ckptgw.drain.checkpoints import (
+    DURABLE,
+    CheckpointView,
+    EntryCount,
+    FileView,
+    Recognizer,
+    is_marker,
+)
 from ckptgw.drain.lifecycle import Lifecycle
 
 # checkpoints only in the store shown per directory (a run), newest first: those the walk lists
@@ -34,13 +41,15 @@ def _row(
     judged: tuple[bool, str] | None,
     pinned: bool,
     now: float,
+    count: EntryCount,
 ) -> dict[str, Any]:
     since = c.local_since
     return {
         "path": str(mountpoint / c.path) if c.path else str(mountpoint),
         "step": c.step,
         "state": c.state,
-        "files": len(c.files),
+        "files": count.files,
+        "directories": count.directories,
         "bytes": c.bytes,
         "local_bytes": c.local_bytes,
         "local_age": None if since is None else round(max(0.0, now - since), 3),
@@ -56,9 +65,10 @@ def _row(
 
 
 def _files(files: list[CheckpointFile]) -> list[CheckpointFile]:
-    """The files to count: directory markers only where there is nothing else (this node's
-    rows count no directories either)."""
-    return [f for f in files if not f.path.endswith("/")] or files
+    """The files whose state the row shows: directory markers only where there is nothing
+    else (this node's rows have no directories either). What the row counts is
+    :class:`EntryCount`'s, markers included."""
+    return [f for f in files if not is_marker(f.path)] or files
 
 
 def _order(rows: list[dict[str, Any]]) -> None:
@@ -97,8 +107,11 @@ def checkpoint_rows(
     for c in local:
         s = stored.get(c.path) if c.step is not None else None
         view = c
+        count = c.count
         if s is not None and retention is not None:  # the store may hold files not seen here
-            merged = _files(list(retention.merge(s.files, c.files).values()))
+            every = list(retention.merge(s.files, c.files).values())
+            count = EntryCount.of(c.path, (f.path for f in every))
+            merged = _files(every)
             known = {f.path: f for f in c.files}
             view = CheckpointView(
                 c.path,
@@ -110,7 +123,7 @@ def checkpoint_rows(
             judged = retention.judge(c.path, c.files, now, stored)
         # In the store too: listed there, or every file drained (the listing may be older).
         where = "both" if s is not None or c.state == DURABLE else "local"
-        rows.append(_row(mountpoint, view, where, judged, c.path in pinned, now))
+        rows.append(_row(mountpoint, view, where, judged, c.path in pinned, now, count))
     seen = {c.path for c in local}
     shown: dict[str, int] = {}
     omitted = 0
@@ -126,7 +139,8 @@ def checkpoint_rows(
             s.path, s.step, [FileView(f.path, f.size, DURABLE, f.mtime) for f in _files(s.files)]
         )
         judged = retention.judge(s.path, [], now, stored) if retention is not None else None
-        rows.append(_row(mountpoint, view, "store", judged, s.path in pinned, now))
+        count = EntryCount.of(s.path, (f.path for f in s.files))
+        rows.append(_row(mountpoint, view, "store", judged, s.path in pinned, now, count))
     _order(rows)
     extra: dict[str, Any] = {"store_listing": None, "pins": None}
     if retention is not None:

@@ -480,3 +480,32 @@ def test_only_a_local_store_reads_durable_local_store(setup: Setup) -> None:
         assert st["store_local"] is False
         assert "local store" not in text + plan + pins
         assert bare.search(text) and "in the store" in pins
+
+
+def test_a_checkpoint_is_counted_the_same_in_status_plan_and_wait(setup: Setup) -> None:
+    """One count of a checkpoint's files everywhere, its directories (the store's markers)
+    apart: on the node that wrote it and on a fresh one that only lists the store."""
+    a = setup.node("a")
+    write_checkpoints(a, range(1, 2))
+    (a.mountpoint / "run1" / "step_1" / "shard").mkdir()
+    (a.mountpoint / "run1" / "step_1" / "shard" / "rank0.pt").write_bytes(b"r" * 100)
+    a.cli("wait", str(a.mountpoint / "run1" / "step_1"), "--timeout", "60")
+    want = {"files": 3, "directories": 2}  # model.pt .metadata shard/rank0.pt; step_1/ shard/
+
+    def counts(gw: CheckedGateway) -> list[dict[str, int]]:
+        [row] = [
+            c
+            for c in json.loads(gw.cli("status", str(gw.mountpoint), "--json").stdout)[
+                "checkpoints"
+            ]
+            if c["path"] == str(gw.mountpoint / "run1" / "step_1")
+        ]
+        [planned] = [p for p in lifecycle(gw, "plan")["plan"] if p["path"] == "run1/step_1"]
+        return [{k: d[k] for k in want} for d in (row, planned)]
+
+    assert counts(a) == [want, want]
+    b = setup.node("b")  # a fresh node: the checkpoint only in the store listing
+    wait_for("b lists step_1", lambda: "step_1" in b.cli("status", str(b.mountpoint)).stdout, 30)
+    assert counts(b) == [want, want]
+    text = a.cli("lifecycle", "plan", str(a.mountpoint)).stdout
+    assert [ln for ln in text.splitlines() if "run1/step_1" in ln][0].split()[4] == "3", text
