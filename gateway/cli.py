@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     m = sub.add_parser("mount", help="mount a gateway (returns once the mount is ready)")
-    m.add_argument("mountpoint")
+    m.add_argument("mountpoint", help="an empty directory to mount on")
     _config_options(m)
     m.add_argument(
         "--allow-other",
@@ -87,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
     u = sub.add_parser(
         "umount", help="drain, then unmount a gateway and wait for its daemon to finish"
     )
-    u.add_argument("mountpoint")
+    u.add_argument("mountpoint", help="a running gateway's mountpoint")
     u.add_argument(
         "--timeout",
         type=float,
@@ -109,12 +109,14 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     f = sub.add_parser("flush", help="drain now (the given paths first)")
-    f.add_argument("paths", nargs="*", metavar="PATH")
+    f.add_argument(
+        "paths", nargs="*", metavar="PATH", help="files or directories on a mount (default: all)"
+    )
     f.add_argument("--wait", action="store_true", help="block until durable")
     f.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S s")
 
     w = sub.add_parser("wait", help="block until a file or directory is durable")
-    w.add_argument("path", metavar="PATH")
+    w.add_argument("path", metavar="PATH", help="a file or directory on a mount")
     w.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
 
     wu = sub.add_parser(
@@ -122,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
         help="fetch a checkpoint (a file or a directory) into this node's cache before it is "
         "read, largest files first, as far as the cache has room",
     )
-    wu.add_argument("path", metavar="PATH")
+    wu.add_argument("path", metavar="PATH", help="a file or directory on a mount")
     wu.add_argument("--wait", action="store_true", help="block until it is done")
     wu.add_argument("--timeout", type=float, metavar="S", help="with --wait: give up after S s")
     wu.add_argument("--json", action="store_true", help="print the outcome as JSON")
@@ -144,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
         help="send the cache's data to another store at its next mount (e.g. after a "
         "misspelled bucket); refused while mounted",
     )
-    cr.add_argument("cache_dir", metavar="CACHE_DIR")
+    cr.add_argument("cache_dir", metavar="CACHE_DIR", help="the cache directory to rebind")
     cr.add_argument("--store", required=True, help="the store to bind it to: s3://... or file://")
     cr.add_argument("--endpoint-url", help="S3 endpoint (S3-compatible stores)")
     cr.add_argument(
@@ -174,7 +176,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Export a running gateway mount over NFSv3 and NFSv4 through NFS-Ganesha, "
         "and keep Ganesha running beside it. Settings: [nfs] in --config, then the flags.",
     )
-    sn.add_argument("mountpoint")
+    sn.add_argument("mountpoint", help="the running gateway's mountpoint to export")
     sn.add_argument("--listen", metavar="ADDR:PORT", help="nfs.listen (default :2049)")
     sn.add_argument(
         "--export", metavar="PATH", help="the path clients mount (default /checkpoints)"
@@ -196,12 +198,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     sn.add_argument("--stop", action="store_true", help="stop the mount's NFS export")
 
-    d = sub.add_parser("doctor", help="check what a mount needs (FUSE, cache disk, store)")
-    d.add_argument("mountpoint", nargs="?", help="also check this mountpoint")
+    d = sub.add_parser(
+        "doctor",
+        help="check what a mount needs (FUSE, cache disk, store), or a running mount",
+        description="Before a mount: check this machine and the store as `mount` would load "
+        "the configuration. On a running gateway's mountpoint: check that mount as its daemon "
+        "runs it (its store, endpoint and cache dir, asked over its control socket; the store "
+        "checked by the daemon, with its credentials), and what its status says is wrong.",
+    )
+    d.add_argument(
+        "mountpoint",
+        nargs="?",
+        help="the mountpoint to check: an empty directory before a mount, or a running gateway's",
+    )
     _config_options(d)
     d.add_argument("--json", action="store_true", help="a list of {check, status, message}")
     co = sub.add_parser("completion", help="print a shell completion script")
-    co.add_argument("shell", choices=("bash", "zsh"))
+    co.add_argument("shell", choices=("bash", "zsh"), help="the shell")
 
     for name, parser in sub.choices.items():
         parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -256,7 +269,8 @@ EXAMPLES = {
     "unpin": "ckptgw unpin /mnt/ckpt/run1/step_5000",
     "pins": "ckptgw pins /mnt/ckpt",
     "serve": "ckptgw serve nfs /mnt/ckpt --clients 10.0.0.0/16",
-    "doctor": "ckptgw doctor /mnt/ckpt --store s3://my-bucket/run1 --cache-dir /nvme/ckptgw",
+    "doctor": "ckptgw doctor /mnt/ckpt --store s3://my-bucket/run1 --cache-dir /nvme/ckptgw\n"
+    "  ckptgw doctor /mnt/ckpt    # once it is mounted: that mount, as its daemon runs it",
     "cache": "ckptgw cache rebind /var/cache/ckptgw/mnt-ckpt --store s3://the-right-bucket/run1",
     "lifecycle": "ckptgw lifecycle plan /mnt/ckpt --run run1",
     "completion": "ckptgw completion bash > /etc/bash_completion.d/ckptgw",
