@@ -914,6 +914,18 @@ def machine(workdir: Path) -> dict[str, Any]:
     }
 
 
+def commit() -> str:
+    """The commit measured, ``+`` when the tree had changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], check=False).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head + ("+" if dirty else "")
+
+
 def table(rows: list[Row]) -> str:
     out = [
         f"{'metric':28} {'at':>9} {'data path':>11}  {'baseline':>14} {'limit':>9} "
@@ -988,6 +1000,12 @@ def main() -> None:
     )
     ap.add_argument("--workdir", default="/var/tmp", help="a directory on the cache disk")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    ap.add_argument(
+        "--publish",
+        action="store_true",
+        help="merge the rows into docs/results/MACHINE.json and write docs/benchmarks.md",
+    )
+    ap.add_argument("--machine", help="with --publish: the machine's name (default: its CPU)")
     args = ap.parse_args()
     only = set(args.only.split(","))
     paths = args.paths.split(",")
@@ -1120,6 +1138,10 @@ def report(
     say(f"\n(all ratios: gateway / limit measured in this run; {seconds:.0f} s)")
     doc = {
         "machine": info,
+        "command": "python -m bench.suite "
+        + " ".join(a for a in sys.argv[1:] if a not in ("--publish",)),
+        "commit": commit(),
+        "seconds": round(seconds),
         "settings": {
             "part": PART,
             "parts": PARTS,
@@ -1134,6 +1156,10 @@ def report(
         "samples": samples,
     }
     say(f"wrote {save('suite', doc, args.out)}")
+    if args.publish:
+        from bench import report as page
+
+        say(f"wrote {page.publish(doc, args.machine)} and {page.write()}")
     from bench.plots import plot_sizes, plot_writers
 
     for path in (plot_sizes(doc, args.out), plot_writers(doc, args.out)):
