@@ -182,12 +182,26 @@ class Lifecycle:
         return "local" if local else "store" if stored else None
 
     async def pin_views(self) -> list[dict[str, Any]]:
-        """Every pin, listed from the store now, and where its checkpoint is (None: gone)."""
+        """Every pin, listed from the store now, where its checkpoint is (None: gone) and its
+        entries, counted as status and the plan count them (the store's and this node's)."""
         await self.pins()
-        return [
-            {"path": path, "pinned_at": at or None, "where": await self.where(path)}
-            for path, at in sorted(self.pinned.items())
-        ]
+        out = []
+        for path, at in sorted(self.pinned.items()):
+            stored, _ = await list_files(self.store, self.prefix, path, None)
+            if not stored and (one := await self.store.head(self.prefix + path)) is not None:
+                stored = [_File(path, one.key, one.size, True, one.mtime)]  # a one-file checkpoint
+            merged = self.merge(stored, self.local_files(path))
+            count = EntryCount.of(path, merged)
+            out.append(
+                {
+                    "path": path,
+                    "pinned_at": at or None,
+                    "where": await self.where(path),
+                    "files": count.files,
+                    "directories": count.directories,
+                }
+            )
+        return out
 
     # -- planning ----------------------------------------------------------------------------------
 

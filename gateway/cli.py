@@ -606,7 +606,8 @@ def cmd_pins(args: argparse.Namespace) -> int:
             where = "in the local store (on this node's own disk: durable (local store) only)"
         at = p["pinned_at"]
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at)) if at else "-"
-        print(f"{mount.mountpoint / p['path']}  pinned {when}  {where}")
+        count = f"  {files(p['files'])}" if p.get("files") else ""
+        print(f"{mount.mountpoint / p['path']}  pinned {when}  {where}{count}")
     return 0
 
 

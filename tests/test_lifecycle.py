@@ -501,11 +501,20 @@ def test_a_checkpoint_is_counted_the_same_in_status_plan_and_wait(setup: Setup) 
             if c["path"] == str(gw.mountpoint / "run1" / "step_1")
         ]
         [planned] = [p for p in lifecycle(gw, "plan")["plan"] if p["path"] == "run1/step_1"]
-        return [{k: d[k] for k in want} for d in (row, planned)]
+        pins = json.loads(gw.cli("pins", str(gw.mountpoint), "--json").stdout)["pins"]
+        by_path = {p["path"]: p for p in pins}
+        one = by_path["run1/ckpt_7.pt"]  # a checkpoint that is one file
+        assert (one["files"], one["directories"]) == (1, 0), one
+        return [{k: d[k] for k in want} for d in (row, planned, by_path["run1/step_1"])]
 
-    assert counts(a) == [want, want]
+    (a.mountpoint / "run1" / "ckpt_7.pt").write_bytes(b"one file")
+    a.cli("wait", str(a.mountpoint / "run1" / "ckpt_7.pt"), "--timeout", "60")
+    a.cli("pin", str(a.mountpoint / "run1" / "ckpt_7.pt"))
+    a.cli("pin", str(a.mountpoint / "run1" / "step_1"))
+    assert counts(a) == [want, want, want]
+    assert "run1/step_1  pinned " in a.cli("pins").stdout and "  3 files" in a.cli("pins").stdout
     b = setup.node("b")  # a fresh node: the checkpoint only in the store listing
     wait_for("b lists step_1", lambda: "step_1" in b.cli("status", str(b.mountpoint)).stdout, 30)
-    assert counts(b) == [want, want]
+    assert counts(b) == [want, want, want]
     text = a.cli("lifecycle", "plan", str(a.mountpoint)).stdout
     assert [ln for ln in text.splitlines() if "run1/step_1" in ln][0].split()[4] == "3", text
