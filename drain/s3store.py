@@ -3,9 +3,8 @@
 The client runs on a dedicated thread with an asyncio event loop; trio awaits each call's
 future, woken through its thread-safe ``run_sync_soon``, so no worker thread blocks per call.
 Cancellation from trio cancels the asyncio task. The HTTP layer is aiohttp (C header parser,
-bodies read from asyncio's protocol buffers), not httpx2: measured here against moto, a GET
-of 512 KiB took 2.1-2.8 ms of CPU on aiohttp and 3.3-4.6 ms on httpx2 (boto3: 2.6-3.1 ms),
-and a PUT of 512 KiB 3.5-3.8 ms against 5.1-5.3 ms (ARCHITECTURE.md, "The S3 client").
+bodies read from asyncio's protocol buffers): of the HTTP clients aiobotocore can use, the one
+that costs the least CPU per request (ARCHITECTURE.md, "The S3 client").
 
 * Request bodies are :class:`ChunkedBody`: aiohttp sends them as an async iterable of 1 MiB
   chunks, with the length botocore measured, while botocore can still read and seek them.

@@ -3,8 +3,8 @@
 A path in the mount becomes the object key ``prefix + path``. S3 keys are UTF-8 and at most
 1,024 bytes, so a name that is not UTF-8, or a path whose key would be longer, is refused when
 it is created (create, mkdir, symlink, mknod, rename) instead of failing later in the drain.
-Names starting with ``.ckptgw-`` at the root are the gateway's (``.ckptgw-pins/``) and get
-``EPERM``.
+Names starting with ``.ckptgw-`` are the gateway's (``.ckptgw-pins/``, doctor's test objects),
+at every level, and get ``EPERM``.
 """
 
 from __future__ import annotations

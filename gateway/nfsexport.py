@@ -4,9 +4,9 @@ the node must have before NFS-Ganesha can serve it, and Ganesha's config file.
 Ganesha's FSAL_VFS serves the FUSE mount by file handle (``name_to_handle_at`` and
 ``open_by_handle_at``); the mount answers the kernel's lookups of "." by inode number from the
 journal, so a handle outlives the kernel forgetting its inode. Ganesha names the file system in
-each handle by its device number, which the kernel gives out per mount: after the gateway is
-mounted again, clients' handles work only if the new mount got the old number
-(docs/deploy/nfs.md)."""
+each handle by the export's ``Filesystem_id``, fixed from the mountpoint (``fsid_type =
+Major64``), not by the device number the kernel gives out anew at each mount, so clients'
+handles keep working after the gateway is mounted again (docs/deploy/nfs.md)."""
 
 from __future__ import annotations
 
