@@ -517,4 +517,4 @@ def test_a_checkpoint_is_counted_the_same_in_status_plan_and_wait(setup: Setup) 
     wait_for("b lists step_1", lambda: "step_1" in b.cli("status", str(b.mountpoint)).stdout, 30)
     assert counts(b) == [want, want, want]
     text = a.cli("lifecycle", "plan", str(a.mountpoint)).stdout
-    assert [ln for ln in text.splitlines() if "run1/step_1" in ln][0].split()[4] == "3", text
+    assert next(ln for ln in text.splitlines() if "run1/step_1" in ln).split()[4] == "3", text
