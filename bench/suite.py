@@ -915,7 +915,7 @@ def machine(workdir: Path) -> dict[str, Any]:
 
 
 def commit() -> str:
-    """The commit measured, ``+`` when the tree had changes."""
+    """The commit checked out, with ``+`` when the tree has changes not committed."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
@@ -1018,6 +1018,7 @@ def main() -> None:
     os.environ.update(CREDS)
     work = Path(tempfile.mkdtemp(prefix="ckptgw-bench-", dir=args.workdir))
     info = machine(Path(args.workdir))
+    measured = commit()  # the code the run starts with
     say("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
     t_start = time.monotonic()
     rows: list[Row] = []  # reported even if a later section fails
@@ -1124,7 +1125,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if rows:
-            report(rows, samples, info, args, time.monotonic() - t_start)
+            report(rows, samples, info, args, time.monotonic() - t_start, measured)
 
 
 def report(
@@ -1133,6 +1134,7 @@ def report(
     info: dict[str, Any],
     args: argparse.Namespace,
     seconds: float,
+    measured: str,
 ) -> None:
     say("\n" + table(rows))
     say(f"\n(all ratios: gateway / limit measured in this run; {seconds:.0f} s)")
@@ -1140,7 +1142,7 @@ def report(
         "machine": info,
         "command": "python -m bench.suite "
         + " ".join(a for a in sys.argv[1:] if a not in ("--publish",)),
-        "commit": commit(),
+        "commit": measured,
         "seconds": round(seconds),
         "settings": {
             "part": PART,

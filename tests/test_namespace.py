@@ -185,7 +185,7 @@ def test_special_files_behave_as_the_kernel_makes_them(mnt: Path) -> None:
     assert errno_of(os.link, mnt / "f", mnt / "g") == errno.EPERM
 
 
-# pjdfstest's tests that fail only for the two documented choices (README: Conformance):
+# pjdfstest's tests that fail only for the two documented choices (docs/conformance.md):
 # hard links (EPERM), and paths whose key would be over 1,024 bytes (ENAMETOOLONG, where
 # the suite expects PATH_MAX = 4,096 to work). Measured: 198 and 48 of 8,798 subtests.
 HARD_LINKS = {
@@ -205,7 +205,7 @@ def test_pjdfstest(gateway: GatewayFactory) -> None:
     made with ``--allow-other`` (its tests switch uids)."""
     suite = os.environ.get("PJDFSTEST_DIR")
     if not suite:
-        pytest.skip("set PJDFSTEST_DIR to a built pjdfstest (see README: Conformance)")
+        pytest.skip("set PJDFSTEST_DIR to a built pjdfstest (see docs/conformance.md)")
     if not ROOT:
         pytest.skip("pjdfstest needs root")
     gw = gateway("pjd", "--allow-other")
