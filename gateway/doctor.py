@@ -19,6 +19,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
+from ckptgw.gateway import registry
 from ckptgw.gateway.client import Mount, mount_at
 from ckptgw.gateway.config import Config, load_config
 from ckptgw.gateway.errors import UserError
@@ -84,23 +85,37 @@ def running_gateway(mountpoint: str | None) -> Mount | None:
     if mountpoint is None:
         return None
     mp = Path(os.path.abspath(mountpoint))
+    entry = registry.find(mp)  # first: a hung gateway would never answer a listing of its mount
+    if entry is not None:  # find() drops the entries of dead processes
+        return Mount(mp, entry)
     if mounted_fstype(mp) != FSTYPE or is_stale(mp):
         return None
     return mount_at(mp)  # NotRunning (another user's, another runtime dir) says what to do
 
 
+def refuse_config_flags(mount: Mount, args: argparse.Namespace) -> None:
+    """The flags that choose a store or a cache would check something else than what runs."""
+    given = [f"--{f.replace('_', '-')}" for f in CONFIG_FLAGS if getattr(args, f)]
+    if given:
+        raise UserError(
+            f"{mount.mountpoint} is a running gateway: doctor checks the store and cache dir "
+            f"it runs with, so {', '.join(given)} would check something else; drop "
+            f"{'it' if len(given) == 1 else 'them'}, or leave out the mountpoint to check "
+            "a configuration before mounting it"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     """``ckptgw doctor``: print the checks (as they are done, or a JSON list at the end)."""
-    mount = running_gateway(args.mountpoint)
+    try:
+        mount = running_gateway(args.mountpoint)
+        if mount is not None:
+            refuse_config_flags(mount, args)
+    except UserError as e:
+        if not args.json:
+            raise
+        return report(iter([Check("gateway", FAIL, str(e))]), True)  # --json: still a list
     if mount is not None:
-        given = [f"--{f.replace('_', '-')}" for f in CONFIG_FLAGS if getattr(args, f)]
-        if given:
-            raise UserError(
-                f"{mount.mountpoint} is a running gateway: doctor checks the store and cache dir "
-                f"it runs with, so {', '.join(given)} would check something else; drop "
-                f"{'it' if len(given) == 1 else 'them'}, or leave out the mountpoint to check "
-                "a configuration before mounting it"
-            )
         from ckptgw.gateway import doctorlive
 
         return report(doctorlive.checks(mount), args.json)

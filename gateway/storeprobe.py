@@ -4,14 +4,16 @@ will use: the credentials, the endpoint, the bucket, a PUT/GET/DELETE round trip
 multipart upload under the prefix, the bucket's lifecycle rules and the clock (S3); for a
 ``file://`` store the directory, the same round trip, and whether it survives this node.
 
-Every call is made once and given :data:`STEP_TIMEOUT` seconds. What doctor writes it
-removes: the test object (``<prefix>.ckptgw-doctor/<host>-<pid>``) is deleted and looked for
+Every call is made once and given :data:`STEP_TIMEOUT` seconds. What doctor writes it removes:
+the test object (``<prefix>.ckptgw-doctor/<host>-<pid>-<random>``) is deleted and looked for
 again, the multipart upload aborted; a line says so when that fails."""
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import os
+import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -142,11 +144,18 @@ def _failure(cfg: Config, e: StoreError) -> str:
     return explain(e, cfg.store, cfg.endpoint_url)[0]
 
 
+# One name per probe: two doctors at once (against one daemon, or on hosts and pids that
+# coincide) never touch each other's test objects.
+_PROBE: contextvars.ContextVar[str] = contextvars.ContextVar("probe", default="")
+
+
 def _key(cfg: Config, suffix: str = "") -> str:
-    return f"{cfg.store.key_prefix}.ckptgw-doctor/{socket.gethostname()}-{os.getpid()}{suffix}"
+    me = f"{socket.gethostname()}-{os.getpid()}-{_PROBE.get()}"
+    return f"{cfg.store.key_prefix}.ckptgw-doctor/{me}{suffix}"
 
 
 async def _probe(cfg: Config) -> list[Check]:
+    _PROBE.set(secrets.token_hex(4))
     out: list[Check] = []
     try:
         async with open_store(cfg.store, cfg.endpoint_url, deadlines=_deadlines(cfg)) as store:

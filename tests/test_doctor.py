@@ -244,15 +244,19 @@ def test_flags_that_choose_another_store_are_refused_on_a_running_gateway(
     err = r.stderr.strip()
     assert err.count("\n") == 0 and f"{gw.mountpoint} is a running gateway" in err, err
     assert "--store would check something else; drop it" in err, err
+    r = doctor("--cache-dir", "/elsewhere", str(gw.mountpoint), "--json")  # still a list
+    assert r.returncode == 1, r.stdout + r.stderr
+    [refused] = json.loads(r.stdout)
+    assert refused["check"] == "gateway" and refused["status"] == FAIL
+    assert "--cache-dir would check something else" in refused["message"]
 
 
-def test_status_problems_are_named_and_a_healthy_drain_is_one_line() -> None:
-    """The deterministic tier of the live checks: a status as the daemon writes it."""
-    from ckptgw.gateway.doctorlive import status_checks
-
-    now = 1_000_000.0
-    healthy: dict[str, Any] = {
+def _healthy() -> dict[str, Any]:
+    """The fields of a status (as the daemon writes it) that doctor looks at, all well."""
+    return {
         "mountpoint": "/mnt/ckpt",
+        "mode": "serving",
+        "mode_reason": "",
         "data_path": {"mode": "passthrough", "reason": None},
         "store_requests": None,
         "last_error": None,
@@ -261,6 +265,34 @@ def test_status_problems_are_named_and_a_healthy_drain_is_one_line() -> None:
         "queue": {"files": 2, "bytes": 3 << 20, "oldest_dirty_age": 4.0, "lost_wakeups": 0},
         "cache": {"enospc": 0},
     }
+
+
+def test_an_older_gateway_is_named_and_its_status_still_checked() -> None:
+    """A daemon from before doctor could ask it (no ``config``): one FAIL that says to
+    restart it, and what its status says."""
+    from ckptgw.gateway.client import Mount
+    from ckptgw.gateway.doctorlive import checks
+    from ckptgw.gateway.errors import UserError
+    from ckptgw.gateway.registry import Entry
+
+    class Older(Mount):
+        def request(self, op: str, *, answer_within: float | None = None, **a: Any) -> Any:
+            if op == "status":
+                return _healthy()
+            raise UserError(f"unknown operation {op!r}")
+
+    mp = Path("/mnt/ckpt")
+    found = list(checks(Older(mp, Entry(str(mp), "/c", "s3://b/", 4321, "/c/control.sock"))))
+    assert [(c.check, c.status) for c in found] == [("gateway", FAIL), ("drain", OK)], found
+    assert "it runs an older ckptgw than this one; restart it" in found[0].message
+
+
+def test_status_problems_are_named_and_a_healthy_drain_is_one_line() -> None:
+    """The deterministic tier of the live checks: a status as the daemon writes it."""
+    from ckptgw.gateway.doctorlive import status_checks
+
+    now = 1_000_000.0
+    healthy = _healthy()
     [ok] = status_checks(healthy, now)
     assert (ok.check, ok.status) == ("drain", OK) and "2 files (3.0 MiB) queued" in ok.message
     sick = dict(healthy)
@@ -281,6 +313,7 @@ def test_status_problems_are_named_and_a_healthy_drain_is_one_line() -> None:
     sick["last_error_at"] = now - 20
     sick["queue"] = {"files": 5, "bytes": 5 << 30, "oldest_dirty_age": 3600.0, "lost_wakeups": 0}
     sick["cache"] = {"enospc": 7}
+    sick["mode"], sick["mode_reason"] = "emergency-drain", "preemption notice (aws)"
     got = {(c.check, c.status): c.message for c in status_checks(sick, now)}
     assert "1 of 3 requests to http://10.0.0.9:9000 are stalled" in got[("requests", WARN)]
     assert "PUT run/a.pt (/mnt/ckpt/run/a.pt): no progress for 41 s" in got[("requests", WARN)]
@@ -288,4 +321,5 @@ def test_status_problems_are_named_and_a_healthy_drain_is_one_line() -> None:
     assert "20 s ago: SlowDown" in got[("store-errors", WARN)]
     assert "5 files (5.0 GiB) only on this node, the oldest for 60 min" in got[("drain", WARN)]
     assert "7 writes got ENOSPC" in got[("cache-space", WARN)]
+    assert "emergency-drain (preemption notice (aws))" in got[("gateway", WARN)]
     assert ("drain", OK) not in got
