@@ -57,9 +57,11 @@ def is_marker(path: str) -> bool:
 @dataclass(frozen=True)
 class EntryCount:
     """How a checkpoint's entries are counted wherever they are (status, the retention plan,
-    ``wait``): its files, every entry but directories (regular files, symlinks, special files:
-    an object each), and apart from them its directories: its own and each one below it,
-    whether a listing named the marker or only a file inside it."""
+    pins): its files, every entry but directories (regular files, symlinks, special files: an
+    object each), and apart from them its directories: its own and each one below it, whether
+    a listing named the marker or only a file inside it. The mount's root is no directory of
+    its own here (its files are no checkpoint). ``wait`` and ``flush`` count what is not
+    durable yet the same way: files, and directories apart."""
 
     files: int
     directories: int

@@ -187,16 +187,17 @@ class Lifecycle:
         await self.pins()
         out = []
         for path, at in sorted(self.pinned.items()):
+            local = self.local_files(path)
             stored, _ = await list_files(self.store, self.prefix, path, None)
             if not stored and (one := await self.store.head(self.prefix + path)) is not None:
                 stored = [_File(path, one.key, one.size, True, one.mtime)]  # a one-file checkpoint
-            merged = self.merge(stored, self.local_files(path))
-            count = EntryCount.of(path, merged)
+            count = EntryCount.of(path, self.merge(stored, local))
+            where = ("both" if stored else "local") if local else ("store" if stored else None)
             out.append(
                 {
                     "path": path,
                     "pinned_at": at or None,
-                    "where": await self.where(path),
+                    "where": where,  # as where() says it, from the listing made here
                     "files": count.files,
                     "directories": count.directories,
                 }

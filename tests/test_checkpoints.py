@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from ckptgw.drain.checkpoints import DRAINING, DURABLE, LOCAL, LOCAL_ONLY, FileView, Recognizer
+from ckptgw.drain.checkpoints import (
+    DRAINING,
+    DURABLE,
+    LOCAL,
+    LOCAL_ONLY,
+    EntryCount,
+    FileView,
+    Recognizer,
+)
 
 
 @pytest.mark.parametrize(
@@ -56,3 +64,24 @@ def test_custom_patterns() -> None:
     r = Recognizer([r"save(\d+)"])
     assert r.locate("x/save12/m.pt") == ("x/save12", 12)
     assert r.locate("x/step_12/m.pt") == ("x/step_12", None)  # only the configured names
+
+
+@pytest.mark.parametrize(
+    ("root", "paths", "files", "directories"),
+    [
+        # what this node knows (files only) and what a listing names (markers too) agree
+        ("run/step_1", ["run/step_1/a.pt", "run/step_1/sub/b.pt"], 2, 2),
+        ("run/step_1",
+         ["run/step_1/", "run/step_1/a.pt", "run/step_1/sub/", "run/step_1/sub/b.pt"], 2, 2),
+        ("run/step_1", ["run/step_1/deep/er/c.pt"], 1, 3),  # no markers: from the path
+        ("run/step_1", ["run/step_1/", "run/step_1/empty/"], 0, 2),  # only directories
+        ("run/ckpt_5.pt", ["run/ckpt_5.pt"], 1, 0),  # a checkpoint that is one file
+        ("run", ["run/", "run/", "run/notes.txt"], 1, 1),  # a directory named twice
+        ("", ["a.txt", "b.txt"], 2, 0),  # the root's files: the root is no directory here
+        ("run/step_1", ["run/", "run/step_1/x.pt"], 1, 1),  # a directory above it: not its own
+    ],
+)  # fmt: skip
+def test_entries_are_counted_one_way(
+    root: str, paths: list[str], files: int, directories: int
+) -> None:
+    assert EntryCount.of(root, paths) == EntryCount(files, directories)

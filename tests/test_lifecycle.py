@@ -482,7 +482,7 @@ def test_only_a_local_store_reads_durable_local_store(setup: Setup) -> None:
         assert bare.search(text) and "in the store" in pins
 
 
-def test_a_checkpoint_is_counted_the_same_in_status_plan_and_wait(setup: Setup) -> None:
+def test_a_checkpoint_is_counted_the_same_in_status_plan_and_pins(setup: Setup) -> None:
     """One count of a checkpoint's files everywhere, its directories (the store's markers)
     apart: on the node that wrote it and on a fresh one that only lists the store."""
     a = setup.node("a")
