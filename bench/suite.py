@@ -75,6 +75,7 @@ from ckptgw.gateway.storeplace import place_of
 from tests.nfsclient import nfs_unavailable
 from tests.s3server import moto_server
 
+ROOT = Path(__file__).resolve().parent.parent  # the checkout: its commit is measured
 PART = 16 << 20  # upload part size and parts in flight, for the gateway and boto3 alike
 PARTS = 8
 # Reading: the gateway runs with its defaults (ranges sized to each object, 8 GETs in
@@ -918,9 +919,13 @@ def commit() -> str:
     """The commit checked out, with ``+`` when the tree has changes not committed."""
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
         ).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], check=False).returncode
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], check=False, cwd=ROOT).returncode
     except (OSError, subprocess.CalledProcessError):
         return ""
     return head + ("+" if dirty else "")
