@@ -10,7 +10,9 @@ SYSPKGS := fuse3 libfuse3-dev pkg-config dpkg-dev meson ninja-build patch
 FUSE_STAMP := $(VENV)/fuse/.built
 # The NFS tests: NFS-Ganesha with its VFS backend, rpcbind for NFSv3, and libnfs (a user-space
 # NFS client the tests compile against); iproute2 and util-linux give the network namespace.
-TESTPKGS := shellcheck nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-dev gcc iproute2
+TESTPKGS := shellcheck nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-dev gcc iproute2 cmake
+# libnfs >= 5 (NFSv4 writes; Debian 12 has 4.0), built from Debian's source package by `make test`
+NFS_STAMP := $(VENV)/nfs/.built
 PYTEST_ARGS ?=
 # Test processes for `make test`: 3 on 2 cores, since most tests wait (settle timers, fsync,
 # the S3 server) rather than compute; every test has its own temp dirs, ports and mounts.
@@ -41,7 +43,8 @@ else
 FUSE_DEP := $(FUSE_STAMP)
 endif
 
-$(FUSE_STAMP): deploy/passthrough/fuse-passthrough.sh deploy/passthrough/pyfuse3-passthrough.patch | sysdeps
+$(FUSE_STAMP): deploy/passthrough/fuse-passthrough.sh deploy/passthrough/pyfuse3-passthrough.patch \
+		deploy/debian-source.sh | sysdeps
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	deploy/passthrough/fuse-passthrough.sh $(VENV) \
 		|| { echo "building FUSE passthrough failed; FUSE_PASSTHROUGH=0 builds without it" >&2; exit 1; }
@@ -60,7 +63,13 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: venv testdeps lint
+# The NFS tests' client: libnfs 5 with nfs-cp into the venv (deploy/nfs-client/libnfs.sh).
+$(NFS_STAMP): deploy/nfs-client/libnfs.sh deploy/nfs-client/libnfs-fixes.patch \
+		deploy/debian-source.sh | sysdeps testdeps
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	deploy/nfs-client/libnfs.sh $(VENV)
+
+test: venv testdeps $(NFS_STAMP) lint
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The tests that need no FUSE mount, no S3 server and no torch (seconds; no lint). mount and

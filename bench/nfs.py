@@ -1,7 +1,7 @@
 """The NFS section of `make bench`: files written through NFS-Ganesha on loopback (``ckptgw
 serve nfs``, a libnfs client per writer in a private network namespace) against the same
-writes into the FUSE mount and into a directory on the cache disk, the three sides alternated
-run by run.
+writes into the FUSE mount and into a directory on the cache disk, the sides alternated run by
+run. NFS is NFSv3; where `make test` built libnfs 5 into the venv, NFSv4.0 is a fourth side.
 
 Each writer writes one file in 1 MiB writes, fsyncs it (an NFS COMMIT), closes it and renames
 it into place; the local sides do the same through ``bench.copier``, a process started before
@@ -20,12 +20,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.nfsclient import LineClient, NetNs, NfsClient, build_client, serve_nfs
+from tests.nfsclient import (
+    LineClient,
+    NetNs,
+    NfsClient,
+    build_client,
+    nfs4_unavailable,
+    serve_nfs,
+)
 
 if TYPE_CHECKING:
     from bench.suite import Bench
 
-SIDES = ("disk", "mount", "nfs")
+SIDES = ("disk", "mount", "nfs")  # "nfs": NFSv3; "nfs4" (NFSv4.0) where libnfs 5 is built
 EXPORT_DIR = "users"  # made in the mount, owned by the NFS clients' uid
 CLIENT_UID = 1000
 
@@ -69,7 +76,8 @@ def nfs_rounds(b: Bench, size: int, writers: int) -> dict[str, list[float]]:
     src = b.work / "source.bin"
     random_file(src, size)
     src.read_bytes()  # in the page cache for every side alike
-    s: dict[str, list[float]] = {side: [] for side in SIDES}
+    sides = SIDES + (("nfs4",) if nfs4_unavailable() is None else ())
+    s: dict[str, list[float]] = {side: [] for side in sides}
     # The namespace first: its rpcbind's private mount namespace must not hold the mount.
     with NetNs() as ns, b.node("--allow-other") as gw:
         users = gw.mountpoint / EXPORT_DIR
@@ -80,15 +88,18 @@ def nfs_rounds(b: Bench, size: int, writers: int) -> dict[str, list[float]]:
             raise RuntimeError(f"serve nfs failed: {r.stderr.strip()}")
         url = f"nfs://127.0.0.1/checkpoints?uid={CLIENT_UID}&gid={CLIENT_UID}"
         copier = [sys.executable, "-m", "bench.copier"]
-        clients: dict[str, list[LineClient]] = {"disk": [], "mount": [], "nfs": []}
+        clients: dict[str, list[LineClient]] = {side: [] for side in sides}
         try:
             for _ in range(writers):
                 clients["disk"].append(LineClient(copier))
                 clients["mount"].append(LineClient(copier))
                 clients["nfs"].append(NfsClient(exe, ns, url))
+                if "nfs4" in clients:
+                    clients["nfs4"].append(NfsClient(exe, ns, f"{url}&version=4&nfsport=2049"))
             for i in range(b.runs + 1):  # the first round warms every side up, not counted
                 times = {}
-                for side in SIDES[i % 3 :] + SIDES[: i % 3]:  # each side goes first in turn
+                k = i % len(sides)
+                for side in sides[k:] + sides[:k]:  # each side goes first in turn
                     times[side] = one_round(b, side, clients[side], src, gw.mountpoint, i)
                 say_round(i, writers, times)
                 if i:
@@ -114,8 +125,8 @@ def one_round(
         (mnt / EXPORT_DIR / f"mount_{i}").mkdir()
         paths = [str(mnt / EXPORT_DIR / f"mount_{i}" / f"w{k}") for k in range(len(writers))]
     else:
-        writers[0].cmd("mkdir", f"/{EXPORT_DIR}/nfs_{i}")
-        paths = [f"/{EXPORT_DIR}/nfs_{i}/w{k}" for k in range(len(writers))]
+        writers[0].cmd("mkdir", f"/{EXPORT_DIR}/{side}_{i}")
+        paths = [f"/{EXPORT_DIR}/{side}_{i}/w{k}" for k in range(len(writers))]
     seconds = all_at_once(
         [
             lambda c=c, p=p: c.cmd("put", src, f"{p}.tmp", p)  # type: ignore[misc]
@@ -139,6 +150,7 @@ def one_round(
 def say_round(i: int, writers: int, times: dict[str, float]) -> None:
     print(
         f"  run {i}{' (warm-up)' if not i else ''}: {writers} writer(s): disk "
-        f"{times['disk']:6.2f} s, mount {times['mount']:6.2f} s, NFS {times['nfs']:6.2f} s",
+        f"{times['disk']:6.2f} s, mount {times['mount']:6.2f} s, NFSv3 {times['nfs']:6.2f} s"
+        + (f", NFSv4 {times['nfs4']:6.2f} s" if "nfs4" in times else ""),
         flush=True,
     )

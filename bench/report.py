@@ -78,7 +78,8 @@ save's CPU, against a fixed budget). The limit is what the machine can do withou
 - **time to durable (Expect ignored)**: behind a proxy that ignores `Expect: 100-continue`,
   against the same proxy answering it.
 - **write + fsync (NFS)**: files written through `ckptgw serve nfs` (NFS-Ganesha on loopback,
-  libnfs as the client) against the disk and against the FUSE mount.
+  libnfs as the client) over NFSv3, and *(NFSv4)* over NFSv4.0, against the disk and against
+  the FUSE mount.
 
 The store is moto's S3 server on loopback, so *time to durable* and *cold restore* compare
 ckptgw's client with boto3's on the same server, not with a real S3 region. *data path* is the

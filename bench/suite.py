@@ -888,6 +888,11 @@ class Bench:
             Row("write + fsync (NFS)", x, "disk", med["disk"], med["nfs"], "s"),
             Row("write + fsync (NFS/mount)", x, "FUSE mount", med["mount"], med["nfs"], "s"),
         )
+        if "nfs4" in med:  # libnfs 5 built into the venv (make test)
+            self.add(
+                Row("write + fsync (NFSv4)", x, "disk", med["disk"], med["nfs4"], "s"),
+                Row("write + fsync (NFSv4/mount)", x, "FUSE mount", med["mount"], med["nfs4"], "s"),
+            )
 
 
 def machine(workdir: Path) -> dict[str, Any]:

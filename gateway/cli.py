@@ -661,7 +661,7 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
     from ckptgw.gateway import nfsserve
-    from ckptgw.gateway.nfsexport import host_problem, load_export
+    from ckptgw.gateway.nfsexport import host_problem, load_export, who_may_write
 
     mp = Path(os.path.abspath(args.mountpoint))
     entry = registry.find(mp)
@@ -700,6 +700,7 @@ def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
         f"serving {mp} over {versions} on {host}:{port}\n"
         f"  clients  {', '.join(export.clients)}"
         f"{'' if export.root_squash else ' (root not squashed)'}\n"
+        f"  writes   {who_may_write(mp, export.root_squash)}\n"
         f"  mount    mount -t nfs -o vers={max(export.protocols)} "
         f"GATEWAY:{export.pseudo} /mnt/ckpt\n"
         f"  log      {nfsserve.state_dir(cache_dir) / 'serve.log'}"

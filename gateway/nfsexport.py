@@ -100,6 +100,31 @@ def ganesha_binary() -> str:
     return exe
 
 
+def who_may_write(root: Path, root_squash: bool) -> str:
+    """How clients may write at the export's root, from its owner and mode: a client's root
+    is squashed to nobody (65534) unless asked otherwise, and every other user acts as its own
+    uid, so the root's owner and mode decide who may create there."""
+    st = root.stat()
+    mode = st.st_mode & 0o7777
+    if mode & 0o002:
+        who = "every client user may create files in it"
+    else:
+        who = f"only uid {st.st_uid}" + (f" and gid {st.st_gid}" if mode & 0o020 else "")
+        who += " may create files in it"
+    squash = (
+        "a client's root acts as nobody (uid 65534)"
+        if root_squash
+        else "a client's root acts as root"
+    )
+    hint = (
+        ""
+        if mode & 0o002 or not root_squash
+        else f"; give each user a directory of their own (mkdir, chown on this node) or "
+        f"chmod 1777 {root}"
+    )
+    return f"{root} is uid {st.st_uid} gid {st.st_gid} mode {mode:04o}: {who} ({squash}){hint}"
+
+
 def host_problem(export: Export) -> str | None:
     """Why this node cannot serve the export, or None."""
     try:
@@ -162,6 +187,9 @@ NFSV4 {{
   RecoveryBackend = fs;
   RecoveryRoot = "{state_dir / "recovery"}";
   {grace}
+  # sec=sys: owners travel as numbers ("1000"), as the Linux client sends them without
+  # idmapd; names would need the same users and domain on every node, else all is nobody.
+  Only_Numeric_Owners = true;
 }}
 NFS_KRB5 {{
   Active_krb5 = false;

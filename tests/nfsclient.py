@@ -29,13 +29,37 @@ def nfs_unavailable() -> str | None:
     return None
 
 
+# libnfs >= 5 that `make test` builds into the venv (deploy/nfs-client/libnfs.sh): Debian 12's
+# libnfs 4.0 cannot write over NFSv4.
+LIBNFS = Path(sys.prefix) / "nfs"
+
+
+def nfs4_unavailable() -> str | None:
+    """Why NFSv4 writes cannot be tested here (no libnfs >= 5 in the venv), or None."""
+    if (why := nfs_unavailable()) is not None:
+        return why
+    if not (LIBNFS / ".built").exists():
+        return f"no libnfs >= 5 in {LIBNFS} (make test builds it: deploy/nfs-client/libnfs.sh)"
+    return None
+
+
 def build_client(out_dir: Path) -> Path:
-    """Compile the libnfs client into ``out_dir``."""
+    """Compile the libnfs client into ``out_dir``: against the venv's libnfs where `make` built
+    it (NFSv3 and NFSv4), else the system's (NFSv3 only with Debian 12's 4.0)."""
     exe = out_dir / "ckptgw-nfs-client"
+    env = dict(os.environ)
+    rpath: list[str] = []
+    if (LIBNFS / ".built").exists():
+        env["PKG_CONFIG_PATH"] = str(LIBNFS / "lib" / "pkgconfig")
+        rpath = [f"-Wl,-rpath,{LIBNFS / 'lib'}"]
     flags = subprocess.run(
-        ["pkg-config", "--cflags", "--libs", "libnfs"], capture_output=True, text=True, check=True
+        ["pkg-config", "--cflags", "--libs", "libnfs"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
     ).stdout.split()
-    subprocess.run(["cc", "-O2", "-Wall", "-o", str(exe), str(SOURCE), *flags], check=True)
+    subprocess.run(["cc", "-O2", "-Wall", "-o", str(exe), str(SOURCE), *flags, *rpath], check=True)
     return exe
 
 
@@ -142,7 +166,7 @@ class LineClient:
             raise NfsError(int(code), message)
         raise NfsError(-5, f"the client said {line!r} (exit {self.proc.poll()})")
 
-    def cmd(self, *words: str | Path) -> str:
+    def cmd(self, *words: str | Path | int) -> str:
         assert self.proc.stdin is not None
         self.proc.stdin.write(" ".join(str(w) for w in words) + "\n")
         self.proc.stdin.flush()

@@ -16,7 +16,7 @@ import pytest
 from bench import floor
 from ckptgw.fsops import passthrough
 from ckptgw.fsops.passthrough import DAEMON, PASSTHROUGH
-from tests.nfsclient import nfs_unavailable
+from tests.nfsclient import nfs4_unavailable, nfs_unavailable
 
 pytestmark = [pytest.mark.mount, pytest.mark.torch]
 
@@ -144,6 +144,9 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
     if nfs_unavailable() is None:
         for metric in ("write + fsync (mount)", "write + fsync (NFS)", "write + fsync (NFS/mount)"):
             each.add((metric, "2x8 MiB"))
+        if nfs4_unavailable() is None:  # libnfs 5 in the venv: NFSv4 too
+            for metric in ("write + fsync (NFSv4)", "write + fsync (NFSv4/mount)"):
+                each.add((metric, "2x8 MiB"))
     else:
         assert "no NFS section here" in stdout
     got = {(row["metric"], row["x"], row["path"]) for row in doc["rows"]}

@@ -22,39 +22,12 @@ SUITE=${FUSE_SOURCE_SUITE:-trixie}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ckptgw-fuse.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
-# The Debian archive URI this machine's apt uses (deb822 .sources or one-line sources.list);
-# the security archive is skipped: source packages of a release live in the main archive.
-mirror() {
-    {
-        cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {for (i = 2; i <= NF; i++) print $i}'
-        cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
-            | awk '$1 == "deb" {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z+]+:\/\//) {print $i; break}}'
-    } | grep -E '/debian/?$' | grep -v -- '-security' | head -n 1
-}
-MIRROR=$(mirror || true)
-if [ -z "$MIRROR" ]; then
-    echo "fuse-passthrough: no Debian archive in /etc/apt/sources*; add one or set up apt first" >&2
-    exit 1
-fi
-
+# shellcheck source=deploy/debian-source.sh
+. "$HERE/../debian-source.sh"
 echo "building libfuse from Debian $SUITE source (fuse3) into $PREFIX"
-mkdir -p "$WORK/sources" "$WORK/lists/partial" "$WORK/cache/archives/partial" "$WORK/src"
-cat > "$WORK/sources/$SUITE-src.sources" <<SRC
-Types: deb-src
-URIs: $MIRROR
-Suites: $SUITE
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-APT=(-q -o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$WORK/sources"
-     -o "Dir::State::Lists=$WORK/lists" -o "Dir::Cache=$WORK/cache"
-     -o APT::Sandbox::User=root)
-apt-get "${APT[@]}" update >/dev/null
-(cd "$WORK/src" && apt-get "${APT[@]}" source --download-only fuse3 >/dev/null)
-# apt-get checked the files against the archive's signed index; dpkg-source's own check of
-# the maintainer's signature needs debian-keyring, which is not needed here.
-dpkg-source -q -x "$WORK"/src/fuse3_*.dsc "$WORK/src/fuse3" >"$WORK/dpkg-source.log" 2>&1 \
-    || { cat "$WORK/dpkg-source.log" >&2; exit 1; }
+debian_source fuse3 "$SUITE" "$WORK"
+debian_unpack fuse3 "$WORK" >"$WORK/unpack.log" 2>&1 || { cat "$WORK/unpack.log" >&2; exit 1; }
+mv "$WORK/fuse3" "$WORK/src/fuse3"
 version=$(sed -n "s/^ *version *: *'\([0-9.]*\)'.*/\1/p" "$WORK/src/fuse3/meson.build" | head -n 1)
 case "$version" in
     3.1[7-9]* | 3.[2-9]* | [4-9]*) ;;

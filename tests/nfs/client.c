@@ -10,7 +10,12 @@
  *   open REMOTE          keep a file handle open; "ok ID"
  *   readh ID LOCAL       read the whole file through a kept handle into LOCAL; "ok BYTES"
  *   closeh ID            close a kept handle
- *   stat REMOTE          "ok SIZE MODE UID GID"
+ *   pwrite LOCAL REMOTE OFFSET
+ *                        write LOCAL into REMOTE (made if missing, not truncated) at OFFSET,
+ *                        fsync, close; "ok BYTES"
+ *   stat REMOTE          "ok SIZE MODE UID GID MTIME ATIME" (times: seconds since the epoch)
+ *   ls REMOTE            the names in a directory, sorted by the server's order; "ok NAME..."
+ *   utimes REMOTE ATIME MTIME, chmod REMOTE OCTAL
  *   mkdir|unlink REMOTE, rename OLD NEW
  *   quit
  *
@@ -23,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <nfsc/libnfs.h>
 
 #define MAX_HANDLES 64
@@ -31,6 +37,8 @@
 static struct nfs_context *nfs;
 static struct nfsfh *handles[MAX_HANDLES];
 static char buf[CHUNK];
+
+static int simple_rc(int rc);
 
 static int fail(int rc)
 {
@@ -156,13 +164,76 @@ static int stat_remote(const char *remote)
 
 	if (rc < 0)
 		return fail(rc);
-	printf("ok %llu %llo %llu %llu\n", (unsigned long long)st.nfs_size,
+	printf("ok %llu %llo %llu %llu %llu %llu\n", (unsigned long long)st.nfs_size,
 	       (unsigned long long)st.nfs_mode, (unsigned long long)st.nfs_uid,
-	       (unsigned long long)st.nfs_gid);
+	       (unsigned long long)st.nfs_gid, (unsigned long long)st.nfs_mtime,
+	       (unsigned long long)st.nfs_atime);
 	return 0;
 }
 
-static int simple(int rc)
+static int pwrite_at(const char *local, const char *remote, const char *offset)
+{
+	struct nfsfh *fh;
+	FILE *in = fopen(local, "rb");
+	uint64_t off = strtoull(offset, NULL, 10), total = 0;
+	size_t n;
+	int rc;
+
+	if (in == NULL) {
+		printf("err %d cannot read %s\n", -errno, local);
+		return -1;
+	}
+	rc = nfs_open2(nfs, remote, O_WRONLY | O_CREAT, 0644, &fh);
+	if (rc < 0) {
+		fclose(in);
+		return fail(rc);
+	}
+	while ((n = fread(buf, 1, CHUNK, in)) > 0) {
+		rc = nfs_pwrite(nfs, fh, off + total, n, buf);
+		if (rc < 0 || (size_t)rc != n) {
+			fclose(in);
+			nfs_close(nfs, fh);
+			return fail(rc < 0 ? rc : -EIO);
+		}
+		total += n;
+	}
+	fclose(in);
+	rc = nfs_fsync(nfs, fh);
+	nfs_close(nfs, fh);
+	if (rc < 0)
+		return fail(rc);
+	printf("ok %llu\n", (unsigned long long)total);
+	return 0;
+}
+
+static int list_dir(const char *remote)
+{
+	struct nfsdir *dir;
+	struct nfsdirent *ent;
+	int rc = nfs_opendir(nfs, remote, &dir);
+
+	if (rc < 0)
+		return fail(rc);
+	printf("ok");
+	while ((ent = nfs_readdir(nfs, dir)) != NULL)
+		if (strcmp(ent->name, ".") != 0 && strcmp(ent->name, "..") != 0)
+			printf(" %s", ent->name);
+	printf("\n");
+	nfs_closedir(nfs, dir);
+	return 0;
+}
+
+static int set_times(const char *remote, const char *atime, const char *mtime)
+{
+	struct timeval tv[2] = {
+		{ .tv_sec = (time_t)strtoll(atime, NULL, 10), .tv_usec = 0 },
+		{ .tv_sec = (time_t)strtoll(mtime, NULL, 10), .tv_usec = 0 },
+	};
+
+	return simple_rc(nfs_utimes(nfs, remote, tv));
+}
+
+static int simple_rc(int rc)
 {
 	if (rc < 0)
 		return fail(rc);
@@ -194,16 +265,24 @@ static void run(char *line)
 	} else if (strcmp(argv[0], "closeh") == 0 && argc == 2) {
 		if ((fh = kept(argv[1])) != NULL) {
 			handles[atoi(argv[1])] = NULL;
-			simple(nfs_close(nfs, fh));
+			simple_rc(nfs_close(nfs, fh));
 		}
 	} else if (strcmp(argv[0], "stat") == 0 && argc == 2)
 		stat_remote(argv[1]);
+	else if (strcmp(argv[0], "pwrite") == 0 && argc == 4)
+		pwrite_at(argv[1], argv[2], argv[3]);
+	else if (strcmp(argv[0], "ls") == 0 && argc == 2)
+		list_dir(argv[1]);
+	else if (strcmp(argv[0], "utimes") == 0 && argc == 4)
+		set_times(argv[1], argv[2], argv[3]);
+	else if (strcmp(argv[0], "chmod") == 0 && argc == 3)
+		simple_rc(nfs_chmod(nfs, argv[1], (int)strtol(argv[2], NULL, 8)));
 	else if (strcmp(argv[0], "mkdir") == 0 && argc == 2)
-		simple(nfs_mkdir(nfs, argv[1]));
+		simple_rc(nfs_mkdir(nfs, argv[1]));
 	else if (strcmp(argv[0], "unlink") == 0 && argc == 2)
-		simple(nfs_unlink(nfs, argv[1]));
+		simple_rc(nfs_unlink(nfs, argv[1]));
 	else if (strcmp(argv[0], "rename") == 0 && argc == 3)
-		simple(nfs_rename(nfs, argv[1], argv[2]));
+		simple_rc(nfs_rename(nfs, argv[1], argv[2]));
 	else
 		printf("err %d unknown command or wrong arguments: %s\n", -EINVAL, argv[0]);
 }
