@@ -38,7 +38,9 @@ HEADLINE = (
     ("`latest.pt` saved over: time its key is missing", "overwrite window", "256 MiB"),
     ("time to durable behind a proxy ignoring `Expect`", "time to durable (Expect ignored)",
      "256 MiB"),
-    ("8 writers over NFS against the same on the FUSE mount", "write + fsync (NFS/mount)",
+    ("8 writers over NFSv3 against the same on the FUSE mount", "write + fsync (NFS/mount)",
+     "8x256 MiB"),
+    ("8 writers over NFSv4 against the same on the FUSE mount", "write + fsync (NFSv4/mount)",
      "8x256 MiB"),
 )  # fmt: skip
 
