@@ -1,7 +1,9 @@
 """The NFS section of `make bench`: files written through NFS-Ganesha on loopback (``ckptgw
 serve nfs``, a libnfs client per writer in a private network namespace) against the same
 writes into the FUSE mount and into a directory on the cache disk, the sides alternated run by
-run. NFS is NFSv3; where `make test` built libnfs 5 into the venv, NFSv4.0 is a fourth side.
+run. NFS is NFSv3; where `make test` built libnfs 5 into the venv, NFSv4.0 is a fourth side,
+and a fifth is the floor: NFSv4.0 to NFS-Ganesha exporting a plain directory on the same disk
+with the same configuration, so NFS's own cost is told apart from ckptgw's.
 
 Each writer writes one file in 1 MiB writes, fsyncs it (an NFS COMMIT), closes it and renames
 it into place; the local sides do the same through ``bench.copier``, a process started before
@@ -13,13 +15,17 @@ side's files are left to drain to the bucket, then deleted, so no drain runs dur
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckptgw.gateway.nfsexport import Export, ganesha_binary, ganesha_conf
 from tests.nfsclient import (
     LineClient,
     NetNs,
@@ -33,6 +39,10 @@ if TYPE_CHECKING:
     from bench.suite import Bench
 
 SIDES = ("disk", "mount", "nfs")  # "nfs": NFSv3; "nfs4" (NFSv4.0) where libnfs 5 is built
+# and "floor4": NFSv4.0 to NFS-Ganesha exporting a plain directory on the cache disk, with the
+# configuration serve nfs writes, on its own port in the same namespace: NFS's own cost.
+FLOOR_PORT = 20490
+FLOOR_READY = 30.0  # seconds for the floor's Ganesha to serve
 EXPORT_DIR = "users"  # made in the mount, owned by the NFS clients' uid
 CLIENT_UID = 1000
 
@@ -76,10 +86,11 @@ def nfs_rounds(b: Bench, size: int, writers: int) -> dict[str, list[float]]:
     src = b.work / "source.bin"
     random_file(src, size)
     src.read_bytes()  # in the page cache for every side alike
-    sides = SIDES + (("nfs4",) if nfs4_unavailable() is None else ())
+    sides = SIDES + (("nfs4", "floor4") if nfs4_unavailable() is None else ())
     s: dict[str, list[float]] = {side: [] for side in sides}
     # The namespace first: its rpcbind's private mount namespace must not hold the mount.
-    with NetNs() as ns, b.node("--allow-other") as gw:
+    floor = b.disk / "nfs_floor"
+    with NetNs() as ns, b.node("--allow-other") as gw, plain_ganesha(ns, floor, b.work) as url4:
         users = gw.mountpoint / EXPORT_DIR
         users.mkdir()
         os.chown(users, CLIENT_UID, CLIENT_UID)
@@ -96,11 +107,13 @@ def nfs_rounds(b: Bench, size: int, writers: int) -> dict[str, list[float]]:
                 clients["nfs"].append(NfsClient(exe, ns, url))
                 if "nfs4" in clients:
                     clients["nfs4"].append(NfsClient(exe, ns, f"{url}&version=4&nfsport=2049"))
+                    clients["floor4"].append(NfsClient(exe, ns, url4))
             for i in range(b.runs + 1):  # the first round warms every side up, not counted
                 times = {}
                 k = i % len(sides)
                 for side in sides[k:] + sides[:k]:  # each side goes first in turn
-                    times[side] = one_round(b, side, clients[side], src, gw.mountpoint, i)
+                    root = floor if side == "floor4" else gw.mountpoint
+                    times[side] = one_round(b, side, clients[side], src, root, i)
                 say_round(i, writers, times)
                 if i:
                     for side, t in times.items():
@@ -112,6 +125,46 @@ def nfs_rounds(b: Bench, size: int, writers: int) -> dict[str, list[float]]:
             serve_nfs(ns, gw.mountpoint, gw.env, "--stop")
     src.unlink()
     return s
+
+
+@contextmanager
+def plain_ganesha(ns: NetNs, root: Path, work: Path) -> Iterator[str]:
+    """The floor: NFS-Ganesha exporting ``root``, a plain directory on the cache disk, with the
+    configuration ``serve nfs`` writes (NFSv4 only, on FLOOR_PORT in ``ns``); yields the URL
+    of its export for an NFSv4 client. Nothing where NFSv4 cannot be measured."""
+    if nfs4_unavailable() is not None:
+        yield ""
+        return
+    (root / EXPORT_DIR).mkdir(parents=True)
+    os.chown(root / EXPORT_DIR, CLIENT_UID, CLIENT_UID)
+    state = work / "floor-ganesha"
+    (state / "recovery").mkdir(parents=True)
+    export = Export(
+        mountpoint=root,
+        pseudo="/floor",
+        clients=("127.0.0.1/32",),
+        listen=("0.0.0.0", FLOOR_PORT),
+        mount_port=FLOOR_PORT + 1,
+        protocols=(4,),
+        root_squash=True,
+        grace=0,
+    )
+    conf = state / "ganesha.conf"
+    conf.write_text(ganesha_conf(export, state))
+    log = state / "ganesha.log"
+    argv = [ganesha_binary(), "-F", "-f", str(conf), "-L", str(log), "-p", str(state / "pid")]
+    proc = subprocess.Popen(ns.argv(argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + FLOOR_READY
+        while "NFS SERVER INITIALIZED" not in (log.read_text() if log.exists() else ""):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the floor's NFS-Ganesha did not serve: see {log}")
+            time.sleep(0.1)
+        yield f"nfs://127.0.0.1/floor?uid={CLIENT_UID}&gid={CLIENT_UID}&version=4&nfsport={FLOOR_PORT}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def one_round(
@@ -134,10 +187,11 @@ def one_round(
         ]
     )
     size = src.stat().st_size
-    if side == "disk":
-        for p in paths:
-            os.unlink(p)
-        os.rmdir(os.path.dirname(paths[0]))
+    if side in ("disk", "floor4"):  # nothing drains: delete what the round wrote
+        where = (
+            Path(os.path.dirname(paths[0])) if side == "disk" else mnt / EXPORT_DIR / f"{side}_{i}"
+        )
+        shutil.rmtree(where)
         return seconds
     sub = f"{side}_{i}"
     b.wait_in_bucket({f"gw/{EXPORT_DIR}/{sub}/w{k}": size for k in range(len(writers))})
@@ -151,6 +205,7 @@ def say_round(i: int, writers: int, times: dict[str, float]) -> None:
     print(
         f"  run {i}{' (warm-up)' if not i else ''}: {writers} writer(s): disk "
         f"{times['disk']:6.2f} s, mount {times['mount']:6.2f} s, NFSv3 {times['nfs']:6.2f} s"
-        + (f", NFSv4 {times['nfs4']:6.2f} s" if "nfs4" in times else ""),
+        + (f", NFSv4 {times['nfs4']:6.2f} s" if "nfs4" in times else "")
+        + (f", NFSv4 to a plain directory {times['floor4']:6.2f} s" if "floor4" in times else ""),
         flush=True,
     )

@@ -42,6 +42,8 @@ HEADLINE = (
      "8x256 MiB"),
     ("8 writers over NFSv4 against the same on the FUSE mount", "write + fsync (NFSv4/mount)",
      "8x256 MiB"),
+    ("8 writers over NFSv4 against Ganesha exporting a plain directory",
+     "write + fsync (NFSv4/floor)", "8x256 MiB"),
 )  # fmt: skip
 
 # The row's identity within a machine's results: a later run's row with the same one replaces it.
@@ -81,7 +83,9 @@ save's CPU, against a fixed budget). The limit is what the machine can do withou
   against the same proxy answering it.
 - **write + fsync (NFS)**: files written through `ckptgw serve nfs` (NFS-Ganesha on loopback,
   libnfs as the client) over NFSv3, and *(NFSv4)* over NFSv4.0, against the disk and against
-  the FUSE mount.
+  the FUSE mount; *NFSv4 floor* is the same NFSv4 writes to NFS-Ganesha exporting a plain
+  directory on the same disk with the same configuration, and *NFSv4/floor* ckptgw's export
+  against it: what the gateway costs beyond NFS's own.
 
 The store is moto's S3 server on loopback, so *time to durable* and *cold restore* compare
 ckptgw's client with boto3's on the same server, not with a real S3 region. *data path* is the

@@ -892,6 +892,15 @@ class Bench:
             self.add(
                 Row("write + fsync (NFSv4)", x, "disk", med["disk"], med["nfs4"], "s"),
                 Row("write + fsync (NFSv4/mount)", x, "FUSE mount", med["mount"], med["nfs4"], "s"),
+                Row("write + fsync (NFSv4 floor)", x, "disk", med["disk"], med["floor4"], "s"),
+                Row(
+                    "write + fsync (NFSv4/floor)",
+                    x,
+                    "Ganesha, plain dir",
+                    med["floor4"],
+                    med["nfs4"],
+                    "s",
+                ),
             )
 
 

@@ -145,7 +145,12 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
         for metric in ("write + fsync (mount)", "write + fsync (NFS)", "write + fsync (NFS/mount)"):
             each.add((metric, "2x8 MiB"))
         if nfs4_unavailable() is None:  # libnfs 5 in the venv: NFSv4 too
-            for metric in ("write + fsync (NFSv4)", "write + fsync (NFSv4/mount)"):
+            for metric in (
+                "write + fsync (NFSv4)",
+                "write + fsync (NFSv4/mount)",
+                "write + fsync (NFSv4 floor)",
+                "write + fsync (NFSv4/floor)",
+            ):
                 each.add((metric, "2x8 MiB"))
     else:
         assert "no NFS section here" in stdout
