@@ -242,7 +242,10 @@ class Operations(pyfuse3.Operations):
         if self.files.path.active and self.files.path.kernel_writes(True, rdwr):
             await self.space.admit()  # before the name exists (a writer on the kernel's path)
         ino = self.ns.create_file(parent_inode, name, mode, ctx)
-        return self._file_info(*await self.files.open(ino, flags), flags), self.attrs(ino)
+        info = self._file_info(*await self.files.open(ino, flags), flags)
+        if (flags & os.O_ACCMODE) == os.O_RDONLY:  # created, never written: no writer's release
+            self.files.states.quiet(ino)  # will report it (an NFSv4 OPEN with read access)
+        return info, self.attrs(ino)
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         ino = self.table.get(inode)

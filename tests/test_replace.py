@@ -455,6 +455,18 @@ def test_a_regular_file_made_by_mknod_is_drained(mnt: Path, tmp_path: Path) -> N
         time.sleep(0.05)
 
 
+@any_data_path
+def test_a_file_created_read_only_is_drained(mnt: Path, tmp_path: Path) -> None:
+    """open(O_CREAT | O_RDONLY) makes a file that no writer's release reports (NFSv4 OPENs
+    with read access do it, as pynfs found): it must be queued when it is made."""
+    os.close(os.open(mnt / "made.bin", os.O_CREAT | os.O_RDONLY, 0o644))
+    stored = tmp_path / "store" / "made.bin"  # the mount's embedded file:// store
+    deadline = time.monotonic() + 30  # the settle delay is 0.2 s; the audit would take ~60
+    while not stored.exists():
+        assert time.monotonic() < deadline, "a file created read-only was never uploaded"
+        time.sleep(0.05)
+
+
 def test_a_put_that_landed_before_a_restart_under_an_old_name_is_not_left_behind(
     tmp_path: Path,
 ) -> None:
