@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -25,13 +24,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckptgw.gateway.nfsexport import Export, ganesha_binary, ganesha_conf
 from tests.nfsclient import (
     LineClient,
     NetNs,
     NfsClient,
     build_client,
     nfs4_unavailable,
+    plain_ganesha,
     serve_nfs,
 )
 
@@ -42,7 +41,6 @@ SIDES = ("disk", "mount", "nfs")  # "nfs": NFSv3; "nfs4" (NFSv4.0) where libnfs 
 # and "floor4": NFSv4.0 to NFS-Ganesha exporting a plain directory on the cache disk, with the
 # configuration serve nfs writes, on its own port in the same namespace: NFS's own cost.
 FLOOR_PORT = 20490
-FLOOR_READY = 30.0  # seconds for the floor's Ganesha to serve
 EXPORT_DIR = "users"  # made in the mount, owned by the NFS clients' uid
 CLIENT_UID = 1000
 
@@ -90,7 +88,7 @@ def nfs_rounds(b: Bench, size: int, writers: int) -> dict[str, list[float]]:
     s: dict[str, list[float]] = {side: [] for side in sides}
     # The namespace first: its rpcbind's private mount namespace must not hold the mount.
     floor = b.disk / "nfs_floor"
-    with NetNs() as ns, b.node("--allow-other") as gw, plain_ganesha(ns, floor, b.work) as url4:
+    with NetNs() as ns, b.node("--allow-other") as gw, floor_export(ns, floor, b.work) as url4:
         users = gw.mountpoint / EXPORT_DIR
         users.mkdir()
         os.chown(users, CLIENT_UID, CLIENT_UID)
@@ -99,21 +97,27 @@ def nfs_rounds(b: Bench, size: int, writers: int) -> dict[str, list[float]]:
             raise RuntimeError(f"serve nfs failed: {r.stderr.strip()}")
         url = f"nfs://127.0.0.1/checkpoints?uid={CLIENT_UID}&gid={CLIENT_UID}"
         copier = [sys.executable, "-m", "bench.copier"]
+        # NFSv4 clients hold a lease that libnfs renews only while it is called: an NFSv4
+        # side's clients are mounted just before its round (outside the clock), and closed after.
+        v4_urls = {"nfs4": f"{url}&version=4&nfsport=2049", "floor4": url4}
         clients: dict[str, list[LineClient]] = {side: [] for side in sides}
         try:
             for _ in range(writers):
                 clients["disk"].append(LineClient(copier))
                 clients["mount"].append(LineClient(copier))
                 clients["nfs"].append(NfsClient(exe, ns, url))
-                if "nfs4" in clients:
-                    clients["nfs4"].append(NfsClient(exe, ns, f"{url}&version=4&nfsport=2049"))
-                    clients["floor4"].append(NfsClient(exe, ns, url4))
             for i in range(b.runs + 1):  # the first round warms every side up, not counted
                 times = {}
                 k = i % len(sides)
                 for side in sides[k:] + sides[:k]:  # each side goes first in turn
                     root = floor if side == "floor4" else gw.mountpoint
+                    if side in v4_urls:
+                        clients[side] = [NfsClient(exe, ns, v4_urls[side]) for _ in range(writers)]
                     times[side] = one_round(b, side, clients[side], src, root, i)
+                    if side in v4_urls:
+                        for c in clients.pop(side):
+                            c.close()
+                        clients[side] = []
                 say_round(i, writers, times)
                 if i:
                     for side, t in times.items():
@@ -128,42 +132,19 @@ def nfs_rounds(b: Bench, size: int, writers: int) -> dict[str, list[float]]:
 
 
 @contextmanager
-def plain_ganesha(ns: NetNs, root: Path, work: Path) -> Iterator[str]:
-    """The floor: NFS-Ganesha exporting ``root``, a plain directory on the cache disk, with the
-    configuration ``serve nfs`` writes (NFSv4 only, on FLOOR_PORT in ``ns``); yields the URL
-    of its export for an NFSv4 client. Nothing where NFSv4 cannot be measured."""
+def floor_export(ns: NetNs, root: Path, work: Path) -> Iterator[str]:
+    """The floor's export of ``root`` (a plain directory on the cache disk) and the URL an
+    NFSv4 client mounts it with; nothing where NFSv4 cannot be measured."""
     if nfs4_unavailable() is not None:
         yield ""
         return
     (root / EXPORT_DIR).mkdir(parents=True)
     os.chown(root / EXPORT_DIR, CLIENT_UID, CLIENT_UID)
-    state = work / "floor-ganesha"
-    (state / "recovery").mkdir(parents=True)
-    export = Export(
-        mountpoint=root,
-        pseudo="/floor",
-        clients=("127.0.0.1/32",),
-        listen=("0.0.0.0", FLOOR_PORT),
-        mount_port=FLOOR_PORT + 1,
-        protocols=(4,),
-        root_squash=True,
-        grace=0,
-    )
-    conf = state / "ganesha.conf"
-    conf.write_text(ganesha_conf(export, state))
-    log = state / "ganesha.log"
-    argv = [ganesha_binary(), "-F", "-f", str(conf), "-L", str(log), "-p", str(state / "pid")]
-    proc = subprocess.Popen(ns.argv(argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + FLOOR_READY
-        while "NFS SERVER INITIALIZED" not in (log.read_text() if log.exists() else ""):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the floor's NFS-Ganesha did not serve: see {log}")
-            time.sleep(0.1)
-        yield f"nfs://127.0.0.1/floor?uid={CLIENT_UID}&gid={CLIENT_UID}&version=4&nfsport={FLOOR_PORT}"
+        with plain_ganesha(ns, root, work / "floor-ganesha", port=FLOOR_PORT, pseudo="/floor"):
+            query = f"uid={CLIENT_UID}&gid={CLIENT_UID}&version=4&nfsport={FLOOR_PORT}"
+            yield f"nfs://127.0.0.1/floor?{query}"
     finally:
-        proc.terminate()
-        proc.wait(30)
         shutil.rmtree(root, ignore_errors=True)
 
 

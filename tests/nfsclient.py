@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -61,6 +62,50 @@ def build_client(out_dir: Path) -> Path:
     ).stdout.split()
     subprocess.run(["cc", "-O2", "-Wall", "-o", str(exe), str(SOURCE), *flags, *rpath], check=True)
     return exe
+
+
+GANESHA_READY = 30.0  # seconds for a plain Ganesha to serve
+
+
+@contextlib.contextmanager
+def plain_ganesha(
+    ns: NetNs, root: Path, state: Path, *, port: int, pseudo: str, root_squash: bool = True
+) -> Iterator[None]:
+    """NFS-Ganesha exporting ``root``, a plain directory, with the configuration ``serve nfs``
+    writes (gateway.nfsexport.ganesha_conf), NFSv4 only, on ``port`` in ``ns``: the floor that
+    the bench and the conformance run compare ckptgw's export with. Stopped on exit."""
+    from ckptgw.gateway.nfsexport import Export, ganesha_binary, ganesha_conf
+
+    (state / "recovery").mkdir(parents=True)
+    export = Export(
+        mountpoint=root,
+        pseudo=pseudo,
+        clients=("127.0.0.1/32",),
+        listen=("0.0.0.0", port),
+        mount_port=port + 1,
+        protocols=(4,),
+        root_squash=root_squash,
+        grace=0,
+    )
+    conf = state / "ganesha.conf"
+    conf.write_text(ganesha_conf(export, state))
+    log = state / "ganesha.log"
+    argv = [ganesha_binary(), "-F", "-f", str(conf), "-L", str(log), "-p", str(state / "pid")]
+    proc = subprocess.Popen(ns.argv(argv), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + GANESHA_READY
+        while "NFS SERVER INITIALIZED" not in (log.read_text() if log.exists() else ""):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"NFS-Ganesha for {root} did not serve: see {log}")
+            time.sleep(0.1)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def serve_nfs(

@@ -37,6 +37,7 @@ from tests.nfsclient import (
     build_client,
     nfs4_unavailable,
     nfs_unavailable,
+    plain_ganesha,
     serve_nfs,
 )
 from tests.test_drain import file_store_objects
@@ -503,3 +504,72 @@ def test_file_handles_survive_the_kernel_forgetting_inodes_and_a_restart(
     assert _open_by_handle(libc, mnt, gone) == errno.ESTALE
     # The handle's last 32 bits are the generation: the restart began a new epoch.
     assert bytes(later.f_handle)[8:12] != bytes(kept.f_handle)[8:12]
+
+
+# pynfs's NFSv4.0 tests that fail on ckptgw's export and pass on the floor (Ganesha exporting
+# a plain directory with the same configuration), each a decision written down in
+# docs/deploy/nfs.md with its reason.
+HARD_LINK = "hard links get NFS4ERR_PERM: an object store has none (docs/filesystem.md)"
+# LINK8 is in pynfs's "ganesha" group only: a LINK of bad UTF-8 names gets PERM, not INVAL.
+HARD_LINK_TESTS = "LINK1a LINK1b LINK1c LINK1f LINK1r LINK1s LINK5 RNM20 LINK8"
+PYNFS_DECISIONS: dict[str, str] = dict.fromkeys(HARD_LINK_TESTS.split(), HARD_LINK)
+PYNFS_PYTHON = "/usr/bin/python3"  # the system's, with the packages pynfs's README names
+
+
+def _pynfs_failures(report: Path) -> dict[str, str]:
+    """pynfs's --json report: the failed tests' codes and messages (a run that ran no test
+    is a failure of its own)."""
+    doc = json.loads(report.read_text())
+    ran = [t for t in doc["testcase"] if not t.get("skipped")]
+    assert ran, f"pynfs ran no test: {report}"
+    return {t["code"]: str(t["failure"].get("message", "")) for t in ran if "failure" in t}
+
+
+@one_data_path
+@pytest.mark.timeout(3600)  # "all" took 21 min here, both servers at once
+def test_pynfs_against_the_floor(gateway: GatewayFactory, tmp_path: Path) -> None:
+    """The NFSv4.0 server conformance suite (pynfs, built where ``PYNFS_DIR`` points), run at
+    once against ``serve nfs`` over a gateway mount and against NFS-Ganesha exporting a plain
+    directory with the same configuration; a test that fails only on ckptgw is a bug unless
+    PYNFS_DECISIONS says why. ``PYNFS_FLAGS`` narrows it (default: all)."""
+    suite = os.environ.get("PYNFS_DIR")
+    if not suite:
+        pytest.skip("set PYNFS_DIR to a built pynfs (see docs/conformance.md)")
+    if (why := nfs_unavailable()) is not None:
+        pytest.skip(why)
+    flags = os.environ.get("PYNFS_FLAGS", "all").split()
+    floor_root = tmp_path / "floor"
+    floor_root.mkdir()
+    with NetNs() as ns_gw, NetNs() as ns_floor:  # before the mount: see NetNs
+        gw = gateway("pynfs", "--allow-other")
+        r = serve_nfs(
+            ns_gw, gw.mountpoint, gw.env,
+            "--clients", "127.0.0.1/32", "--no-root-squash", "--protocols", "4",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        try:
+            with plain_ganesha(
+                ns_floor, floor_root, tmp_path / "floor-state", port=2049,
+                pseudo="/checkpoints", root_squash=False,
+            ):  # fmt: skip
+                runs = {}
+                for name, ns in (("ckptgw", ns_gw), ("floor", ns_floor)):
+                    argv = [
+                        PYNFS_PYTHON, "./testserver.py", "127.0.0.1:/checkpoints", "--maketree",
+                        f"--json={tmp_path / f'{name}.json'}", *flags,
+                    ]  # fmt: skip
+                    runs[name] = subprocess.Popen(
+                        ns.argv(argv),
+                        cwd=Path(suite) / "nfs4.0",
+                        stdout=(tmp_path / f"{name}.txt").open("w"),
+                        stderr=subprocess.STDOUT,
+                    )
+                for p in runs.values():
+                    p.wait(3500)
+        finally:
+            serve_nfs(ns_gw, gw.mountpoint, gw.env, "--stop")
+    ours = _pynfs_failures(tmp_path / "ckptgw.json")
+    floor = _pynfs_failures(tmp_path / "floor.json")
+    only_ours = {code: msg for code, msg in ours.items() if code not in floor}
+    undecided = {c: m for c, m in only_ours.items() if c not in PYNFS_DECISIONS}
+    assert not undecided, f"pynfs fails on ckptgw and not on the floor: {undecided}"
