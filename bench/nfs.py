@@ -115,7 +115,7 @@ def nfs_rounds(b: Bench, size: int, writers: int) -> dict[str, list[float]]:
                         clients[side] = [NfsClient(exe, ns, v4_urls[side]) for _ in range(writers)]
                     times[side] = one_round(b, side, clients[side], src, root, i)
                     if side in v4_urls:
-                        for c in clients.pop(side):
+                        for c in clients[side]:
                             c.close()
                         clients[side] = []
                 say_round(i, writers, times)

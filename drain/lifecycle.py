@@ -95,6 +95,13 @@ class CheckpointPlan:
         }
 
 
+def _where(local: bool, stored: bool) -> str | None:
+    """Where a checkpoint is, as status's rows say it (see :meth:`Lifecycle.where`)."""
+    if local and stored:
+        return "both"
+    return "local" if local else "store" if stored else None
+
+
 class Lifecycle:
     def __init__(
         self,
@@ -177,9 +184,7 @@ class Lifecycle:
         if not stored:
             files, _ = await list_files(self.store, self.prefix, path, 1)
             stored = bool(files)
-        if local and stored:
-            return "both"
-        return "local" if local else "store" if stored else None
+        return _where(local, stored)
 
     async def pin_views(self) -> list[dict[str, Any]]:
         """Every pin, listed from the store now, where its checkpoint is (None: gone) and its
@@ -192,12 +197,11 @@ class Lifecycle:
             if not stored and (one := await self.store.head(self.prefix + path)) is not None:
                 stored = [_File(path, one.key, one.size, True, one.mtime)]  # a one-file checkpoint
             count = EntryCount.of(path, self.merge(stored, local))
-            where = ("both" if stored else "local") if local else ("store" if stored else None)
             out.append(
                 {
                     "path": path,
                     "pinned_at": at or None,
-                    "where": where,  # as where() says it, from the listing made here
+                    "where": _where(bool(local), bool(stored)),  # from the listing made here
                     "files": count.files,
                     "directories": count.directories,
                 }

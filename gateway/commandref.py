@@ -82,19 +82,15 @@ def _command(
 
 
 def _walk(parser: argparse.ArgumentParser, prefix: str) -> Iterator[list[str]]:
+    """Each command that runs something (``lifecycle plan``, not ``lifecycle``), with the
+    example its group has where the example is of that command."""
     for name, what, sub in _subcommands(parser):
         path = f"{prefix} {name}"
-        nested = list(_subcommands(sub))
-        top = path.split()[1]
-        example = EXAMPLES.get(top) if not nested or top == "serve" else None
-        if nested:
-            for child, child_what, child_parser in nested:
-                child_example = EXAMPLES.get(top) if top in ("serve", "cache") else None
-                if top == "lifecycle" and child in ("plan", "apply", "rules"):
-                    child_example = EXAMPLES["lifecycle"].replace(" plan ", f" {child} ")
-                yield _command(f"{path} {child}", child_what, child_parser, child_example)
-        else:
-            yield _command(path, what, sub, example)
+        if any(True for _ in _subcommands(sub)):
+            yield from _walk(sub, path)
+            continue
+        example = EXAMPLES.get(path.split()[1], "")
+        yield _command(path, what, sub, example if example.startswith(f"{path} ") else None)
 
 
 def reference() -> str:

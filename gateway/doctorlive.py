@@ -32,7 +32,7 @@ def checks(mount: Mount) -> Iterator[Check]:
         cfg = Config.from_running_view(mount.request("config"))
     except UserError as e:
         yield Check("gateway", FAIL, f"the gateway at {mount.mountpoint}: {_old(e)}")
-        if "unknown operation" not in str(e):
+        if not _older(e):
             return
         cfg = None  # an older daemon: what its status says is still worth telling
     if cfg is not None:
@@ -58,8 +58,13 @@ def checks(mount: Mount) -> Iterator[Check]:
     yield from status_checks(status, time.time())
 
 
+def _older(e: UserError) -> bool:
+    """The daemon does not know the request: an older ckptgw than this doctor."""
+    return "unknown operation" in str(e)
+
+
 def _old(e: UserError) -> str:
-    if "unknown operation" in str(e):
+    if _older(e):
         return (
             f"{e}: it runs an older ckptgw than this one; restart it (ckptgw umount, then "
             "mount) to check it with this doctor"
@@ -106,11 +111,7 @@ def status_checks(st: dict[str, Any], now: float) -> Iterator[Check]:
                 f"{req['endpoint']} does not answer Expect: 100-continue, so requests go "
                 f"without it ({req['no_continue']})",
             )
-    if (
-        st.get("last_error")
-        and st.get("last_error_at")
-        and now - st["last_error_at"] < (RECENT_ERROR)
-    ):
+    if st.get("last_error") and now - (st.get("last_error_at") or 0) < RECENT_ERROR:
         found = True
         yield Check(
             "store-errors",
