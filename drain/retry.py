@@ -7,6 +7,10 @@ bad request, :class:`~drain.store.NotFound`, :class:`~drain.store.Stale`) are ra
 retrying cannot fix them, and the caller keeps the data dirty and tries again later (e.g.
 after the credentials were refreshed).
 
+Every attempt first waits for its turn in the gateway's pace for its kind of request (reads or
+writes, :mod:`drain.pacing`), and tells the pace how it was answered: a refusal as too many
+(SlowDown, throttling) slows this gateway down, other answers let it speed up again.
+
 :class:`RetryingStore` is how the rest of the drain talks to a store: it wraps one and sends
 every call through :func:`retrying`, so no call site can forget. It is also where calls are
 composed: a copy above the store's ``copy_limit`` is a multipart upload of server-side part
@@ -24,6 +28,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from ckptgw.drain.pacing import READ, THROTTLED, WRITE, Pace, Pacing
 from ckptgw.drain.store import (
     MAX_PART,
     Body,
@@ -48,6 +53,7 @@ ABORT_TIMEOUT = 30.0  # seconds an abort of a failed multipart copy may take, ca
 @dataclass(frozen=True)
 class RetryPolicy:
     attempts: int = 8
+    refusals: int = 32  # refusals as too many, retried in the pace's turns (drain.pacing)
     base: float = 0.1  # seconds before the first retry (before jitter)
     cap: float = 20.0  # the longest single wait
 
@@ -79,16 +85,21 @@ async def _may_retry(
     what: str,
     e: StoreError,
     attempt: int,
+    attempts: int,
     policy: RetryPolicy,
     stats: RetryStats | None,
     rng: random.Random,
+    *,
+    backoff: bool = True,
 ) -> bool:
-    """Count a failed attempt; False if it must be raised, else wait out the backoff."""
+    """Count a failed attempt (the ``attempt``-th of its kind, of ``attempts`` allowed);
+    False if it must be raised, else wait out the backoff (without ``backoff``: only a
+    ``Retry-After`` the server sent, the pace being the wait)."""
     if stats is not None:
         stats.failed(what, e)
-    if not e.temporary or attempt >= policy.attempts:
+    if not e.temporary or attempt >= attempts:
         return False
-    delay = rng.uniform(0, min(policy.cap, policy.base * 2 ** (attempt - 1)))
+    delay = rng.uniform(0, min(policy.cap, policy.base * 2 ** (attempt - 1))) if backoff else 0
     if e.retry_after is not None:
         delay = max(delay, min(e.retry_after, policy.cap))
     if stats is not None:
@@ -105,45 +116,87 @@ async def retrying(
     stats: RetryStats | None = None,
     *,
     rng: random.Random = _JITTER,
+    pace: Pace | None = None,
 ) -> T:
-    """Run ``call`` until it succeeds, fails permanently or runs out of attempts."""
-    for attempt in range(1, policy.attempts + 1):
+    """Run ``call`` until it succeeds, fails permanently or runs out of attempts; each
+    attempt in its turn of ``pace``, if given. While that pace adapts, a refusal as too many
+    is retried in its next turn, with no backoff of its own, up to ``policy.refusals`` times
+    (other failures up to ``policy.attempts``)."""
+    attempt = refusals = 0
+    while True:
+        ticket = 0.0 if pace is None else await pace.turn()
         try:
-            return await call()
+            result = await call()
         except StoreError as e:
-            if not await _may_retry(what, e, attempt, policy, stats, rng):
+            paced = pace is not None and _answered(pace, ticket, e)
+            if paced:
+                refusals += 1
+                tries, allowed = refusals, policy.refusals
+            else:
+                attempt += 1
+                tries, allowed = attempt, policy.attempts
+            if not await _may_retry(what, e, tries, allowed, policy, stats, rng, backoff=not paced):
                 raise
-    raise AssertionError("a retry policy needs at least one attempt")
+        else:
+            if pace is not None:
+                pace.accepted()
+            return result
+
+
+def _answered(pace: Pace, ticket: float, e: StoreError) -> bool:
+    """Tell ``pace`` what a failed attempt says of the rate: a refusal as too many slows
+    down (returns whether the pace adapts to it); a permanent error (a 404, a 412, a 403)
+    was an answer like any other; a temporary one (a 500, a reset, a timeout) says nothing
+    of the rate."""
+    if e.code in THROTTLED:
+        pace.refusal(ticket)
+        return pace.config.adaptive
+    if not e.temporary:
+        pace.accepted()
+    return False
 
 
 class RetryingStore(Store):
     """A store whose every call is retried under one policy, failures counted in one stats.
 
     It holds no state of its own beyond the policy: views with other policies
-    (:meth:`with_policy`) share the inner store and the stats. Listings restart after a
+    (:meth:`with_policy`) share the inner store, the stats and the pacing. Listings restart after a
     temporary error and never yield an item twice. :meth:`copy` is the only place that
     copies part by part (objects above the inner store's ``copy_limit``), so its own
     ``copy_limit`` is None: its ``copy`` takes any size.
     """
 
-    def __init__(self, inner: Store, policy: RetryPolicy, stats: RetryStats) -> None:
+    def __init__(
+        self,
+        inner: Store,
+        policy: RetryPolicy,
+        stats: RetryStats,
+        pacing: Pacing | None = None,
+    ) -> None:
         if isinstance(inner, RetryingStore):  # attempts would multiply
             raise TypeError("the store already retries: use with_policy() for another policy")
         self.inner = inner
         self.policy = policy
         self.stats = stats
+        self.pacing = pacing if pacing is not None else Pacing()
         self.url = inner.url
 
     def with_policy(self, policy: RetryPolicy) -> RetryingStore:
-        """The same store and stats, retried under ``policy`` (e.g. fewer attempts for a
-        listing a user waits for)."""
-        return RetryingStore(self.inner, policy, self.stats)
+        """The same store, stats and pacing, retried under ``policy`` (e.g. fewer attempts
+        for a listing a user waits for)."""
+        return RetryingStore(self.inner, policy, self.stats, self.pacing)
 
-    async def _retry(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        return await retrying(what, call, self.policy, self.stats)
+    async def _retry(self, what: str, call: Callable[[], Awaitable[T]], kind: str = WRITE) -> T:
+        pace = self.pacing.of(kind)
+        return await retrying(what, call, self.policy, self.stats, pace=pace)
+
+    def requests_view(self) -> dict[str, Any] | None:
+        """The inner store's view, with this gateway's pace of reads and writes."""
+        view = self.inner.requests_view()
+        return None if view is None else {**view, "pacing": self.pacing.view()}
 
     async def check(self) -> None:
-        await self._retry(f"checking the store {self.url}", self.inner.check)
+        await self._retry(f"checking the store {self.url}", self.inner.check, READ)
 
     async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
         return await self._retry(f"put {key}", lambda: self.inner.put(key, data, metadata))
@@ -153,7 +206,7 @@ class RetryingStore(Store):
     ) -> bytes:
         span = f" [{start}, {'end' if end is None else end})" if start or end is not None else ""
         return await self._retry(
-            f"GET {key}{span}", lambda: self.inner.get(key, start, end, etag=etag)
+            f"GET {key}{span}", lambda: self.inner.get(key, start, end, etag=etag), READ
         )
 
     async def get_into(
@@ -200,10 +253,10 @@ class RetryingStore(Store):
                 described=None if told or described is None else tell,
             )
 
-        await self._retry(f"GET {key} [{start}, {end})", attempt)
+        await self._retry(f"GET {key} [{start}, {end})", attempt, READ)
 
     async def head(self, key: str) -> ObjectInfo | None:
-        return await self._retry(f"HEAD {key}", lambda: self.inner.head(key))
+        return await self._retry(f"HEAD {key}", lambda: self.inner.head(key), READ)
 
     async def delete(self, key: str) -> None:
         await self._retry(f"delete {key}", lambda: self.inner.delete(key))
@@ -216,13 +269,13 @@ class RetryingStore(Store):
         await self._retry(f"tag {key}", lambda: self.inner.put_tags(key, tags))
 
     async def get_lifecycle(self) -> list[dict[str, Any]]:
-        return await self._retry("get lifecycle rules", self.inner.get_lifecycle)
+        return await self._retry("get lifecycle rules", self.inner.get_lifecycle, READ)
 
     async def put_lifecycle(self, rules: list[dict[str, Any]]) -> None:
         await self._retry("put lifecycle rules", lambda: self.inner.put_lifecycle(rules))
 
     async def list_dir(self, prefix: str) -> Listing:
-        return await self._retry(f"list {prefix}", lambda: self.inner.list_dir(prefix))
+        return await self._retry(f"list {prefix}", lambda: self.inner.list_dir(prefix), READ)
 
     # -- copies ------------------------------------------------------------------------------------
 
@@ -319,7 +372,7 @@ class RetryingStore(Store):
 
     async def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
         return await self._retry(
-            f"list parts of {key}", lambda: self.inner.list_parts(key, upload_id)
+            f"list parts of {key}", lambda: self.inner.list_parts(key, upload_id), READ
         )
 
     async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> str:
@@ -374,15 +427,28 @@ class RetryingStore(Store):
         """Items of ``listing(prefix)`` that ``fresh`` lets through, the listing restarted
         after each temporary error, within the policy's attempts (restarts count, progress
         does not earn more)."""
+        pace = self.pacing.reads
         for attempt in range(1, self.policy.attempts + 1):
+            ticket = await pace.turn()
             items = listing(prefix)
             try:
                 async for item in items:
                     if fresh(item):
                         yield item
+                pace.accepted()
                 return
             except StoreError as e:
-                if not await _may_retry(what, e, attempt, self.policy, self.stats, _JITTER):
+                paced = _answered(pace, ticket, e)
+                if not await _may_retry(
+                    what,
+                    e,
+                    attempt,
+                    self.policy.attempts,
+                    self.policy,
+                    self.stats,
+                    _JITTER,
+                    backoff=not paced,
+                ):
                     raise
             finally:
                 aclose = getattr(items, "aclose", None)

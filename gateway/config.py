@@ -113,6 +113,8 @@ class Config:
     stall_timeout: float = default("store.stall_timeout")
     stall_warning: float = default("store.stall_warning")
     lookup_wait: float = default("store.lookup_wait")
+    adaptive_rate: bool = default("store.adaptive_rate")
+    min_rate: float = default("store.min_rate")
     cache_size: int | None = None  # None: the cache disk's room
     write_wait: float = default("cache.write_wait")
     fetch_chunk: int | None = None  # None: adapts to each object
@@ -298,6 +300,8 @@ def load_config(
         stall_timeout=get("store.stall_timeout"),
         stall_warning=get("store.stall_warning"),
         lookup_wait=get("store.lookup_wait"),
+        adaptive_rate=get("store.adaptive_rate"),
+        min_rate=get("store.min_rate"),
         cache_size=get("cache.size"),
         write_wait=get("cache.write_wait"),
         fetch_chunk=get("cache.fetch_chunk"),

@@ -37,6 +37,7 @@ from ckptgw.drain.fetch import FetchConfig, Fetcher
 from ckptgw.drain.lifecycle import Lifecycle
 from ckptgw.drain.listing import ListingConfig, Listings
 from ckptgw.drain.lookupwait import LookupWait
+from ckptgw.drain.pacing import Pacing, PacingConfig
 from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.drain.readthrough import ReadThrough
 from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
@@ -571,7 +572,8 @@ async def _serve(
         trio.open_nursery() as nursery,
     ):
         stats = RetryStats()
-        store = RetryingStore(raw, RetryPolicy(), stats)
+        pacing = Pacing(PacingConfig(adaptive=cfg.adaptive_rate, min_rate=cfg.min_rate))
+        store = RetryingStore(raw, RetryPolicy(), stats, pacing)
 
         async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -239,6 +239,41 @@ def _endpoint_metrics(
         "1 while PUTs and parts ask Expect: 100-continue (0: the endpoint left one unanswered)",
         1 if view["expect_continue"] else 0,
     )
+    pacing = view.get("pacing")
+    if pacing:
+        yield from _pacing_metrics(pacing, names, values)
+
+
+def _pacing_metrics(
+    pacing: dict[str, Any], names: list[str], values: list[str]
+) -> Iterator[Metric]:
+    """This gateway's pace of reads and writes (drain.pacing), labelled with the kind."""
+    names = [*names, "kind"]
+    families = (
+        (
+            GaugeMetricFamily,
+            "rate_limit",
+            "Requests per second this gateway allows itself "
+            "after the store refused some as too many (-1: not limited)",
+            "rate",
+        ),
+        (CounterMetricFamily, "refused", "Requests the store refused as too many", "refused"),
+        (
+            GaugeMetricFamily,
+            "refused_last_minute",
+            "Refusals as too many in the last minute",
+            "refused_per_minute",
+        ),
+        (CounterMetricFamily, "rate_cuts", "Times the pace was cut after a refusal", "cuts"),
+        (GaugeMetricFamily, "requests_waiting", "Requests waiting for their turn", "waiting"),
+        (CounterMetricFamily, "wait_seconds", "Seconds requests waited for their turn", "waited"),
+    )
+    for family, name, doc, field in families:
+        m = family(f"ckptgw_store_{name}", doc, labels=names)
+        for kind in ("reads", "writes"):
+            v = pacing[kind][field]
+            m.add_metric([*values, kind], -1.0 if v is None else float(v))
+        yield m
 
 
 class MetricsServer:

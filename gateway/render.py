@@ -202,6 +202,25 @@ def store_request_lines(view: dict[str, Any], paint: Painter) -> list[str]:
         lines.append(
             f"  endpoint  {view['endpoint']}: Expect: 100-continue off ({view['no_continue']})"
         )
+    if view.get("pacing"):
+        lines += pacing_lines(view["pacing"], paint)
+    return lines
+
+
+def pacing_lines(pacing: dict[str, Any], paint: Painter) -> list[str]:
+    """The pace of reads and of writes, once the store has refused some as too many:
+    "  pacing    writes 6.2/s (the store refused 14 in the last minute; 12 waiting)"."""
+    lines = []
+    for kind in ("writes", "reads"):
+        p = pacing[kind]
+        if p["rate"] is None and not p["refused_per_minute"]:
+            continue
+        rate = "not limited" if p["rate"] is None else f"{p['rate']:g}/s"
+        said = [f"the store refused {p['refused_per_minute']} in the last minute"]
+        if p["waiting"]:
+            said.append(f"{p['waiting']} waiting")
+        text = f"  pacing    {kind} {rate} ({'; '.join(said)})"
+        lines.append(paint(text, "draining") if p["refused_per_minute"] else text)
     return lines
 
 

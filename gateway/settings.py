@@ -300,6 +300,14 @@ SETTINGS = (
             "seconds without progress after which a request counts as stalled: one warning in "
             "the log, and `ckptgw status` and the metrics name it until it moves again",
             field="stall_warning"),
+    Setting("store", "adaptive_rate", Bool(), True,
+            "learn how fast the store takes requests: after a refusal as too many (503 "
+            "SlowDown, throttling) this gateway sends fewer per second, reads and writes "
+            "apart, and speeds up again as requests are accepted (`ckptgw status` shows the "
+            "rates); false: never slow down, only retry", field="adaptive_rate"),
+    Setting("store", "min_rate", Number(0.01), 0.5,
+            "requests per second (reads, and writes, each) below which a slowed-down gateway "
+            "never goes", field="min_rate"),
     Setting("store", "allow_local", Bool(), False,
             "accept a `file://` store on this node's own disks, which does not survive the node",
             flag="--allow-local-store", field="allow_local_store"),

@@ -23,6 +23,10 @@ Faults apply to the next ``count`` requests whose method and path match:
 balancers and S3-compatible servers do not): it waits for the body without a 100, as RFC 9110
 lets a server do. ``expected`` lists the paths of the requests that asked for one.
 
+``limit`` (a :class:`RateLimit`): token buckets for reads and writes, as S3 limits the
+requests per second of a prefix: a request that finds its bucket empty is answered 503
+SlowDown at once, without ``Retry-After`` (as S3 answers a burst), and is not forwarded.
+
 A request with an ``x-amz-checksum-crc32`` header has its body checked against it, as S3 does
 and moto does not: a mismatch is answered 400 ``BadDigest`` and not forwarded. ``checked``
 lists the paths whose checksum matched.
@@ -81,6 +85,57 @@ SLOWDOWN_BODY = (
 )
 
 
+THROTTLED = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n%s\r\n"
+)
+WRITES = ("PUT", "POST", "DELETE")
+
+
+@dataclass
+class RateLimit:
+    """Requests per second the store takes: reads (GET, HEAD) and writes (PUT, POST, DELETE)
+    each from a bucket of ``burst`` seconds' worth of tokens, refilled continuously (0: no
+    limit of that kind). Counts what it accepted and refused, by kind."""
+
+    reads: float = 0.0
+    writes: float = 0.0
+    burst: float = 1.0  # seconds of the rate a bucket holds (the burst taken at once)
+    accepted: dict[str, int] = field(default_factory=lambda: {"reads": 0, "writes": 0})
+    refused: dict[str, int] = field(default_factory=lambda: {"reads": 0, "writes": 0})
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        now = time.monotonic()
+        self._tokens = {"reads": self.reads * self.burst, "writes": self.writes * self.burst}
+        self._at = {"reads": now, "writes": now}
+
+    def take(self, method: str) -> bool:
+        """Whether a request of ``method`` may go now (its token taken) or is refused."""
+        kind = "writes" if method in WRITES else "reads"
+        rate = self.writes if kind == "writes" else self.reads
+        with self._lock:
+            if rate <= 0:
+                self.accepted[kind] += 1
+                return True
+            now = time.monotonic()
+            room = rate * self.burst
+            self._tokens[kind] = min(room, self._tokens[kind] + (now - self._at[kind]) * rate)
+            self._at[kind] = now
+            if self._tokens[kind] >= 1:
+                self._tokens[kind] -= 1
+                self.accepted[kind] += 1
+                return True
+            self.refused[kind] += 1
+            return False
+
+    def reset(self) -> None:
+        """Full buckets and no counts (between two rounds of a benchmark)."""
+        with self._lock:
+            for kind in ("reads", "writes"):
+                self.accepted[kind] = self.refused[kind] = 0
+            self.__post_init__()
+
+
 def _read_head(sock: socket.socket, buf: bytearray) -> bytes | None:
     while b"\r\n\r\n" not in buf:
         chunk = sock.recv(65536)
@@ -136,6 +191,7 @@ class FaultProxy:
     checked: list[str] = field(default_factory=list)
     ignore_expect: bool = False
     expected: list[str] = field(default_factory=list)
+    limit: RateLimit | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -189,6 +245,11 @@ class FaultProxy:
                 m, p = method.decode(), path.decode()
                 fault = self._take(m, p)
                 headers = _headers(head)
+                if self.limit is not None and not self.limit.take(m):
+                    self.log.append((m, p, "throttled"))
+                    if not self._refuse(client, buf, m, headers):
+                        return
+                    continue
                 if fault is not None and fault.kind == "silent":
                     self.log.append((m, p, "silent"))
                     fault.released.wait(fault.seconds or 600.0)
@@ -272,6 +333,20 @@ class FaultProxy:
             client.close()
             if upstream is not None:
                 upstream.close()
+
+    @staticmethod
+    def _refuse(
+        client: socket.socket, buf: bytearray, method: str, headers: dict[str, str]
+    ) -> bool:
+        """Answer 503 SlowDown; whether the connection can go on (its body was read: a request
+        that waits for a 100 Continue gets the answer instead, and the connection closes)."""
+        waits = headers.get("expect", "").lower() == "100-continue"
+        if not waits:
+            _read_body(client, buf, headers)
+        body = b"" if method == "HEAD" else SLOWDOWN_BODY
+        close = b"Connection: close\r\n" if waits else b""
+        client.sendall(THROTTLED % (len(body), close) + body)
+        return not waits
 
     @staticmethod
     def _relay_response(

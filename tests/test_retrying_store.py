@@ -38,8 +38,10 @@ Hook = Callable[[], Awaitable[None]]
 Fault = StoreError | Hook
 
 
-def temporary(message: str = "503 SlowDown") -> StoreError:
-    return StoreError(message, temporary=True, code="SlowDown")
+def temporary(message: str = "500 InternalError") -> StoreError:
+    """A temporary error that says nothing of the rate (refusals as too many, which the pace
+    answers: tests/test_pacing.py)."""
+    return StoreError(message, temporary=True, code="InternalError")
 
 
 def run(fn: Callable[[], Awaitable[None]]) -> None:
@@ -272,7 +274,7 @@ def test_every_call_is_retried_until_it_succeeds(method: str) -> None:
         s.fail(method, temporary("first"), temporary("second"))
         await FAMILIES[method](rs, uid, part)
         assert s.calls[method] == 3
-        assert rs.stats.retries == 2 and rs.stats.errors == {"SlowDown": 2}
+        assert rs.stats.retries == 2 and rs.stats.errors == {"InternalError": 2}
         assert trio.current_time() > 0  # the backoff waited (in mock time)
 
     run(go)
@@ -380,15 +382,15 @@ def test_attempts_are_bounded_and_the_last_error_is_raised() -> None:
     async def go() -> None:
         s, _, _ = await seeded()
         rs = wrapped(s)
-        errors = [temporary(f"503 number {n}") for n in range(1, 11)]
+        errors = [temporary(f"500 number {n}") for n in range(1, 11)]
         s.fail("put", *errors)
         with pytest.raises(StoreError) as e:
             await rs.put("k", b"x", {})
         assert e.value is errors[POLICY.attempts - 1]
         assert s.calls["put"] == POLICY.attempts
         assert rs.stats.retries == POLICY.attempts - 1
-        assert rs.stats.errors == {"SlowDown": POLICY.attempts}
-        assert rs.stats.last_error == "put k: 503 number 4"
+        assert rs.stats.errors == {"InternalError": POLICY.attempts}
+        assert rs.stats.last_error == "put k: 500 number 4"
 
     run(go)
 
