@@ -34,7 +34,8 @@ The store is moto's S3 server on loopback; the disk is the one under ``--workdir
 
     python -m bench.suite [--sizes 256,1024,4096] [--writers 1,2,4,8] [--runs 3]
                           [--restore-sizes 1024,4096]
-                          [--only save,restore,files,floor,writers,drain,nfs,overwrite,expect]
+                          [--only save,restore,files,floor,writers,drain,nfs,overwrite,expect,fleet]
+                          [--fleet 8:32:50,16:64:100]
                           [--nfs-mib 1024] [--nfs-writers 1,8] [--paths passthrough,daemon]
 """
 
@@ -62,7 +63,7 @@ from typing import Any
 import boto3
 import torch
 
-from bench import baseline, floor, nfs, trust
+from bench import baseline, fleet, floor, nfs, trust
 from bench.procs import children, cpu_seconds, tree_cpu_seconds, tree_peak_rss
 from bench.results import save
 from bench.workloads import dcp_load, dcp_save, save_atomic, state_dict, write_small
@@ -105,6 +106,12 @@ TARGETS = {
     "durable from start": 1.00,
     "overwrite window": 0.0,  # the time the key is missing, over the time to durable
     "time to durable (Expect ignored)": 1.20,
+    # bench.fleet (issue 41): against the rate bound; refused: a share of all requests
+    "fleet durable": 1.15,
+    "fleet refused": 0.10,
+    "fleet lost": 0.0,
+    "fleet restore": 1.15,
+    "fleet restore refused": 0.10,
 }
 SAVE_CPU_LIMIT = 0.05  # daemon CPU seconds per GiB saved through the mount
 
@@ -877,6 +884,44 @@ class Bench:
             )
         )
 
+    def fleet(self, plan: fleet.Plan) -> None:
+        n = plan.gateways
+        say(
+            f"\n## fleet: {n} gateways x {plan.files} files of {plan.size >> 10} KiB, one step "
+            f"at once, behind {plan.write_rate:g} writes/s and {plan.read_rate:g} reads/s "
+            f"[{self.path}]"
+        )
+        s = fleet.fleet_rounds(self, plan)
+        self.samples[f"fleet {n} {self.path}"] = {"plan": asdict(plan), "samples": s}
+        x = f"{n} gateways"
+
+        def rows(metric: str, refused_metric: str, r: dict[str, Any], bound: str) -> list[Row]:
+            refused = r["refused_writes"] + r["refused_reads"]
+            total = r["writes"] + r["reads"] + refused
+            return [
+                Row(metric, x, bound, r["bound"], r["seconds"], "s"),
+                Row(refused_metric, x, "requests", total, refused, "requests"),
+            ]
+
+        first, *later = s["saves"]
+        self.add(*rows("fleet durable (first save)", "fleet refused (first save)", first, "bound"))
+        for r in later[-1:]:
+            self.add(*rows("fleet durable (learned)", "fleet refused (learned)", r, "bound"))
+        self.add(*rows("fleet restore", "fleet restore refused", s["restore"], "read bound"))
+        rounds = [*s["saves"], s["restore"]]
+        self.add(
+            Row(
+                "fleet lost",
+                x,
+                "objects",
+                sum(r["objects"] for r in rounds),
+                sum(r["lost"] for r in rounds),
+                "objects",
+            )
+        )
+        if s["unpaced"] is not None:
+            self.add(*rows("unpaced fleet durable", "unpaced fleet refused", s["unpaced"], "bound"))
+
     def nfs_writes(self, size: int, n: int) -> None:
         x = mib(size) if n == 1 else f"{n}x{mib(size)}"
         say(f"\n## NFS gateway: {n} writer(s), {mib(size)} each: NFS vs FUSE mount vs disk")
@@ -1005,7 +1050,17 @@ def main() -> None:
         "--overwrite-sizes", default="256,1024", help="the overwrite window at these sizes (MiB)"
     )
     ap.add_argument("--expect-mib", type=int, default=1024, help="the Expect section's file")
-    ap.add_argument("--only", default="save,restore,files,floor,writers,drain,nfs,overwrite,expect")
+    ap.add_argument(
+        "--only", default="save,restore,files,floor,writers,drain,nfs,overwrite,expect,fleet"
+    )
+    ap.add_argument(
+        "--fleet",
+        default="8:32:50,16:64:100",
+        help="fleets as GATEWAYS:FILES:WRITES_PER_S, each gateway saving FILES files of "
+        "--fleet-kib at once behind a store taking WRITES_PER_S (reads: 1.57x)",
+    )
+    ap.add_argument("--fleet-kib", type=int, default=128, help="the fleet's file size (KiB)")
+    ap.add_argument("--fleet-saves", type=int, default=2, help="saves per fleet (the first cold)")
     ap.add_argument(
         "--floor-hp",
         default="",
@@ -1128,6 +1183,13 @@ def main() -> None:
             sections.append(
                 (path, first, functools.partial(Bench.expect, size=args.expect_mib << 20))
             )
+        if "fleet" in only:
+            for spec in args.fleet.split(","):
+                n, files, rate = spec.split(":")
+                plan = fleet.Plan(
+                    int(n), int(files), args.fleet_kib << 10, float(rate), args.fleet_saves
+                )
+                sections.append((path, first, functools.partial(Bench.fleet, plan=plan)))
         if "nfs" in only:
             for n in (int(x) for x in args.nfs_writers.split(",")):
                 sections.append(

@@ -614,7 +614,7 @@ async def _serve(
             store_local=local_store(cfg.store) is not None,
             log_path=cfg.log_path,
             part_pool=raw.part_pool,
-            store=raw,
+            store=store,  # its requests_view adds the pacing
         )
         lifecycle = Lifecycle(
             fs,
