@@ -163,6 +163,12 @@ class Pace:
         self._cuts += 1
         self._next = max(self._next, now + 1 / self.rate)
 
+    def pushing_back(self) -> bool:
+        """Whether the store refused one of these requests as too many in the last minute
+        (speculative requests, a warm-up's, wait until it has not)."""
+        self._trim(self._clock())
+        return bool(self._refused)
+
     def _trim(self, now: float) -> None:
         while self._sent and self._sent[0] <= now - WINDOW:
             self._sent.popleft()

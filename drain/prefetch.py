@@ -15,6 +15,12 @@ that is not yet described starts its fetch and waits for that response instead o
 HEAD (:meth:`planned`). A prefetched file counts as used now (its ``atime``), so eviction takes
 older files before it.
 
+An automatic warm-up is speculative: it reads files no one asked for yet. While the store
+refuses this gateway's reads as too many (``pushback``: a fleet restoring one checkpoint at
+once, each rank reading its own shards), none starts, and one running stops starting fetches
+(``held``): each file is fetched when it is read, and the read requests go to what was asked.
+``ckptgw warmup`` goes on regardless: someone asked for it.
+
 An automatic warm-up of a checkpoint is not repeated while one runs or for ``RECENT``
 seconds after one ended (one that did not fit would otherwise evict its own files again
 at every open). Jobs are kept for status (the last ``KEEP``).
@@ -29,6 +35,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +75,7 @@ class Warmup:
     cached_bytes: int = 0
     skipped: list[tuple[str, int]] = field(default_factory=list)  # did not fit: path, size
     failed: list[tuple[str, str]] = field(default_factory=list)  # path, why
+    held: int = 0  # files not fetched: the store refused reads as too many (fetched when read)
     error: str = ""  # the warm-up itself failed (e.g. the path vanished)
     ended: float | None = None
     done: trio.Event = field(default_factory=trio.Event)
@@ -89,6 +97,7 @@ class Warmup:
             "skipped": [{"path": p, "size": n} for p, n in self.skipped[:20]],
             "failed": [{"path": p, "error": e} for p, e in self.failed[:20]],
             "failed_files": len(self.failed),
+            "held_files": self.held,
             "error": self.error,
             "elapsed": round((self.ended or time.time()) - self.started, 3),
         }
@@ -119,6 +128,7 @@ class Prefetcher:
         recognizer: Recognizer,
         *,
         auto: bool,
+        pushback: Callable[[], bool] = lambda: False,
     ) -> None:
         self.table = table
         self.journal = table.journal
@@ -129,6 +139,7 @@ class Prefetcher:
         self.space = space
         self.recognizer = recognizer
         self.auto = auto
+        self.pushback = pushback  # whether the store refuses this gateway's reads now
         self.stats = PrefetchStats()
         self.jobs: dict[int, Warmup] = {}
         self._planned: collections.Counter[int] = collections.Counter()  # inode -> jobs
@@ -145,7 +156,7 @@ class Prefetcher:
 
     def opened(self, ino: Inode) -> None:
         """A remote file was opened for reading: warm up the checkpoint it belongs to."""
-        if not self.auto or ino.parent is None:
+        if not self.auto or ino.parent is None or self.pushback():
             return
         rel = self.keys.key_of(ino.id).removeprefix(self.keys.prefix)
         path, step = self.recognizer.locate(rel)
@@ -335,6 +346,16 @@ class Prefetcher:
                 for ino, rel in todo:
                     slot = object()  # an inode is not hashable
                     await fetches.acquire_on_behalf_of(slot)
+                    if job.origin == OPENED and self.pushback():
+                        fetches.release_on_behalf_of(slot)
+                        job.held = len(todo) - started
+                        log.info(
+                            "warm-up of %s: the store refuses reads as too many: %d files are "
+                            "fetched when read instead",
+                            job.path or "/",
+                            job.held,
+                        )
+                        break
                     nursery.start_soon(fetch, ino, rel, slot)
                     started += 1
         finally:  # cancelled (unmount) before every fetch started

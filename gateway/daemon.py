@@ -383,6 +383,7 @@ async def _read_through(
         fs.space,
         Recognizer(cfg.checkpoint_patterns),
         auto=cfg.prefetch,
+        pushback=store.pacing.reads.pushing_back,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(waits.run)

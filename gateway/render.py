@@ -252,6 +252,12 @@ def warmup_line(w: dict[str, Any], paint: Painter) -> str:
         )
     if w["failed_files"]:
         line += paint(f"; {files(w['failed_files'])} could not be read", "local")
+    if w.get("held_files"):
+        line += paint(
+            f"; {files(w['held_files'])} left to be fetched when read (the store refuses reads "
+            "as too many)",
+            "draining",
+        )
     if w["error"]:
         line += paint(f"; failed: {w['error']}", "local")
     return line
