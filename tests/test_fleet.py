@@ -19,7 +19,9 @@ import pytest
 
 from tests.conftest import GatewayFactory, any_data_path, needs_fuse
 from tests.faultproxy import FaultProxy, RateLimit
+from tests.s3server import free_port
 from tests.test_drain import wait_for
+from tests.test_operate import scrape
 from tests.test_readthrough import write_toml
 
 pytestmark = [pytest.mark.mount, needs_fuse, any_data_path]
@@ -53,13 +55,21 @@ def test_a_fleet_behind_a_write_limit_loses_nothing_and_slows_down(
     assert limited.limit is not None
     limited.limit.writes, limited.limit.burst = 8.0, 1.0
     limited.limit.reset()
-    cfg = write_toml(tmp_path / "c.toml", {"drain": {"settle": 0.1}})
-    gws = [
-        gateway(
-            f"gw{r}", "--config", str(cfg), "--endpoint-url", limited.url, store=f"s3://{bucket}/"
+    port = free_port()
+    gws = []
+    for r in range(3):  # the first serves its metrics
+        metrics = {"metrics": {"listen": f"127.0.0.1:{port}"}} if r == 0 else {}
+        cfg = write_toml(tmp_path / f"c{r}.toml", {"drain": {"settle": 0.1}, **metrics})
+        gws.append(
+            gateway(
+                f"gw{r}",
+                "--config",
+                str(cfg),
+                "--endpoint-url",
+                limited.url,
+                store=f"s3://{bucket}/",
+            )
         )
-        for r in range(3)
-    ]
     files = 10
 
     def save(rank: int) -> None:
@@ -96,6 +106,13 @@ def test_a_fleet_behind_a_write_limit_loses_nothing_and_slows_down(
         if d["store_requests"]["pacing"]["writes"]["cuts"]
     ]
     assert slowed  # at least one gateway cut its rate
+    samples = scrape(port)
+    series = f'endpoint="{limited.url}",kind="writes",mountpoint="{gws[0].mountpoint}"'
+    pace0 = docs[0]["store_requests"]["pacing"]["writes"]
+    assert samples[f"ckptgw_store_refused_total{{{series}}}"] == pace0["refused"]
+    assert samples[f"ckptgw_store_rate_cuts_total{{{series}}}"] == pace0["cuts"]
+    limit = samples[f"ckptgw_store_rate_limit{{{series}}}"]
+    assert limit == (-1 if pace0["rate"] is None else pace0["rate"])  # no requests since
     gw, doc = slowed[0]
     assert doc["store_requests"]["pacing"]["writes"]["rate"] > 0
     assert doc["errors"].get("SlowDown", 0) > 0 and doc["dirty_bytes"] == 0
