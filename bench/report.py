@@ -44,6 +44,9 @@ HEADLINE = (
      "8x256 MiB"),
     ("8 writers over NFSv4 against Ganesha exporting a plain directory",
      "write + fsync (NFSv4/floor)", "8x256 MiB"),
+    ("16 gateways saving one step behind a write limit, after the first save",
+     "fleet durable (learned)", "16 gateways"),
+    ("... the share of their requests refused", "fleet refused (learned)", "16 gateways"),
 )  # fmt: skip
 
 # The row's identity within a machine's results: a later run's row with the same one replaces it.
@@ -86,6 +89,16 @@ save's CPU, against a fixed budget). The limit is what the machine can do withou
   the FUSE mount; *NFSv4 floor* is the same NFSv4 writes to NFS-Ganesha exporting a plain
   directory on the same disk with the same configuration, and *NFSv4/floor* ckptgw's export
   against it: what the gateway costs beyond NFS's own.
+- **fleet** (`bench/fleet.py`): N gateways, each a real mount with its own cache dir, behind
+  a proxy that takes a fixed number of writes and reads a second (token buckets of one
+  second's worth; 503 SlowDown when empty, as S3 answers a burst). Every gateway saves its
+  files into one step directory at once. *fleet durable* is the time until every object is in
+  the bucket, against the **bound**: the write requests the store accepted divided by its
+  write rate; *(first save)* on gateways that know nothing yet, *(learned)* the next save on
+  the same gateways. *fleet refused* is the share of all requests refused. *fleet restore*:
+  N fresh gateways read each rank's files and the shared `.metadata` at once, against the
+  read requests accepted over the read rate. *fleet lost*: objects missing or not byte-exact
+  (target 0). *unpaced* rows are the same save with `store.adaptive_rate = false` (no target).
 
 The store is moto's S3 server on loopback, so *time to durable* and *cold restore* compare
 ckptgw's client with boto3's on the same server, not with a real S3 region. *data path* is the

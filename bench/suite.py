@@ -1183,7 +1183,7 @@ def main() -> None:
             sections.append(
                 (path, first, functools.partial(Bench.expect, size=args.expect_mib << 20))
             )
-        if "fleet" in only:
+        if "fleet" in only and path == paths[0]:  # the drain's: one data path is enough
             for spec in args.fleet.split(","):
                 n, files, rate = spec.split(":")
                 plan = fleet.Plan(
