@@ -99,6 +99,10 @@ save's CPU, against a fixed budget). The limit is what the machine can do withou
   N fresh gateways read each rank's files and the shared `.metadata` at once, against the
   read requests accepted over the read rate. *fleet lost*: objects missing or not byte-exact
   (target 0). *unpaced* rows are the same save with `store.adaptive_rate = false` (no target).
+- **journal** (`bench/journalscale.py`): one gateway on a cache dir whose journal holds 1M
+  drained entries (in directories of 1,000), against the same with 10k: mount, remount after
+  `kill -9`, `status`, `pending`, a create, `ls -l` of a 10,000-file directory, the daemon's
+  RSS; *clean*: every file cached, *remote*: none. *status (limit)* is against one second.
 
 The store is moto's S3 server on loopback, so *time to durable* and *cold restore* compare
 ckptgw's client with boto3's on the same server, not with a real S3 region. *data path* is the

@@ -34,7 +34,7 @@ The store is moto's S3 server on loopback; the disk is the one under ``--workdir
 
     python -m bench.suite [--sizes 256,1024,4096] [--writers 1,2,4,8] [--runs 3]
                           [--restore-sizes 1024,4096]
-                          [--only save,restore,files,floor,writers,drain,nfs,overwrite,expect,fleet]
+                          [--only save,...,expect,fleet,journal]
                           [--fleet 8:32:50,16:64:100]
                           [--nfs-mib 1024] [--nfs-writers 1,8] [--paths passthrough,daemon]
 """
@@ -63,7 +63,7 @@ from typing import Any
 import boto3
 import torch
 
-from bench import baseline, fleet, floor, nfs, trust
+from bench import baseline, fleet, floor, journalscale, nfs, trust
 from bench.procs import children, cpu_seconds, tree_cpu_seconds, tree_peak_rss
 from bench.results import save
 from bench.workloads import dcp_load, dcp_save, save_atomic, state_dict, write_small
@@ -112,6 +112,7 @@ TARGETS = {
     "fleet lost": 0.0,
     "fleet restore": 1.15,
     "fleet restore refused": 0.10,
+    **journalscale.TARGETS,  # one node's journal at 1M entries against 10k (issue 41)
 }
 SAVE_CPU_LIMIT = 0.05  # daemon CPU seconds per GiB saved through the mount
 
@@ -884,6 +885,10 @@ class Bench:
             )
         )
 
+    def journal(self) -> None:
+        say("\n## one node's journal: 10k and 1M entries (bench/journalscale.py)")
+        self.add(*journalscale.suite_rows(runs=self.runs, workdir=self.work))
+
     def fleet(self, plan: fleet.Plan) -> None:
         n = plan.gateways
         say(
@@ -1051,7 +1056,8 @@ def main() -> None:
     )
     ap.add_argument("--expect-mib", type=int, default=1024, help="the Expect section's file")
     ap.add_argument(
-        "--only", default="save,restore,files,floor,writers,drain,nfs,overwrite,expect,fleet"
+        "--only",
+        default="save,restore,files,floor,writers,drain,nfs,overwrite,expect,fleet,journal",
     )
     ap.add_argument(
         "--fleet",
@@ -1183,6 +1189,8 @@ def main() -> None:
             sections.append(
                 (path, first, functools.partial(Bench.expect, size=args.expect_mib << 20))
             )
+        if "journal" in only and path == paths[0]:  # the journal's: one data path is enough
+            sections.append((path, first, Bench.journal))
         if "fleet" in only and path == paths[0]:  # the drain's: one data path is enough
             for spec in args.fleet.split(","):
                 n, files, rate = spec.split(":")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 DEFAULT_PATTERNS = (
@@ -67,7 +67,10 @@ class EntryCount:
     directories: int
 
     @classmethod
-    def of(cls, root: str, paths: Iterable[str]) -> EntryCount:
+    def of(
+        cls, root: str, paths: Iterable[str], counted: Iterable[tuple[str, int]] = ()
+    ) -> EntryCount:
+        """``paths``: the entries one by one; ``counted``: (directory, files in it) more."""
         files = 0
         dirs: set[str] = set()
         below = f"{root}/" if root else ""
@@ -83,7 +86,24 @@ class EntryCount:
             else:
                 files += 1
                 add(posixpath.dirname(p))
+        for d, n in counted:
+            files += n
+            add(d)
         return cls(files, len(dirs))
+
+
+@dataclass(frozen=True)
+class DirectoryTotals:
+    """Durable files of one directory, counted, not listed: a status of a node that holds a
+    long run's checkpoints reads a million drained files as totals per directory (the journal
+    sums them). None of them is named like a checkpoint of its own (those are listed)."""
+
+    path: str  # the directory, relative to the mount's root ("" for the root)
+    files: int
+    bytes: int
+    mtime: float  # the latest
+    # Lists them (a merge with the store's listing, a retention verdict): read when asked.
+    load: Callable[[], list[FileView]] = field(compare=False, repr=False, default=list)
 
 
 @dataclass
@@ -91,14 +111,22 @@ class CheckpointView:
     path: str  # relative to the mount's root; "" for files directly in it
     step: int | None  # None: not a checkpoint, the files of one directory
     files: list[FileView] = field(default_factory=list)
+    # Durable files counted per directory, not in ``files`` (:meth:`every` lists them too).
+    totals: list[DirectoryTotals] = field(default_factory=list)
+
+    def every(self) -> list[FileView]:
+        """Every file, those counted in ``totals`` read from where they are."""
+        return self.files + [f for t in self.totals for f in t.load()]
 
     @property
     def bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        return sum(f.size for f in self.files) + sum(t.bytes for t in self.totals)
 
     @property
     def count(self) -> EntryCount:
-        return EntryCount.of(self.path, (f.path for f in self.files))
+        return EntryCount.of(
+            self.path, (f.path for f in self.files), ((t.path, t.files) for t in self.totals)
+        )
 
     @property
     def local_bytes(self) -> int:
@@ -135,11 +163,14 @@ class CheckpointView:
 
     @property
     def mtime(self) -> float:
-        return max((f.mtime for f in self.files), default=0.0)
+        return max(
+            max((f.mtime for f in self.files), default=0.0),
+            max((t.mtime for t in self.totals), default=0.0),
+        )
 
     @property
     def state(self) -> str:
-        states = {f.state for f in self.files}
+        states = {f.state for f in self.files} | ({DURABLE} if self.totals else set())
         if states <= {DURABLE}:
             return DURABLE
         if states == {LOCAL}:
@@ -158,6 +189,30 @@ class Recognizer:
                 return int(m.group(1))
         return None
 
+    def prefixes(self) -> list[str] | None:
+        """What every name a pattern matches begins with, one string per pattern (a name
+        that begins with none of them is no checkpoint of its own); None where a pattern
+        does not begin with a literal (then any name may be one)."""
+        out = []
+        for p in self._patterns:
+            literal = re.match(r"[A-Za-z0-9_-]*", p.pattern)
+            text = literal.group() if literal else ""
+            if p.pattern[len(text) : len(text) + 1] in ("?", "*", "{"):
+                text = text[:-1]  # the last one is optional
+            if not text or "|" in p.pattern:  # (an alternative may begin otherwise)
+                return None
+            out.append(text)
+        return out
+
+    def locate_directory(self, directory: str) -> tuple[str, int | None]:
+        """:meth:`locate` of a file in ``directory`` whose own name is no checkpoint's."""
+        parts = directory.split("/") if directory else []
+        for depth in range(len(parts), 0, -1):
+            step = self.step(parts[depth - 1])
+            if step is not None:
+                return "/".join(parts[:depth]), step
+        return directory, None
+
     def locate(self, path: str) -> tuple[str, int | None]:
         """(checkpoint path, step) for a file, or (its directory, None) outside checkpoints."""
         parts = path.split("/")
@@ -167,7 +222,9 @@ class Recognizer:
                 return "/".join(parts[:depth]), step
         return "/".join(parts[:-1]), None
 
-    def group(self, files: Iterable[FileView]) -> list[CheckpointView]:
+    def group(
+        self, files: Iterable[FileView], totals: Iterable[DirectoryTotals] = ()
+    ) -> list[CheckpointView]:
         """Checkpoints, newest first (by their latest write, then by step)."""
         out: dict[str, CheckpointView] = {}
         for f in files:
@@ -176,4 +233,10 @@ class Recognizer:
             if view is None:
                 view = out[path] = CheckpointView(path, step)
             view.files.append(f)
+        for t in totals:
+            path, step = self.locate_directory(t.path)
+            view = out.get(path)
+            if view is None:
+                view = out[path] = CheckpointView(path, step)
+            view.totals.append(t)
         return sorted(out.values(), key=lambda c: (c.mtime, c.step or 0), reverse=True)

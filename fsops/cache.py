@@ -24,7 +24,7 @@ import ctypes.util
 import mmap
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -311,13 +311,16 @@ class CacheFiles:
 
     def known_inodes(self) -> set[int]:
         """Inode numbers of every cache file present (used by recovery)."""
-        found: set[int] = set()
+        return set(self.each_inode())
+
+    def each_inode(self) -> Iterator[int]:
+        """The inode number of each cache file present, as the shards are listed."""
         for shard in os.scandir(self.data):
             if shard.is_dir():
-                for entry in os.scandir(shard.path):
-                    if entry.name.isdigit():
-                        found.add(int(entry.name))
-        return found
+                with os.scandir(shard.path) as entries:
+                    for entry in entries:
+                        if entry.name.isdigit():
+                            yield int(entry.name)
 
     # -- space -----------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
 import logging
 import os
 import sqlite3
@@ -107,9 +108,39 @@ _STORE_OPS_INDEX = "CREATE INDEX IF NOT EXISTS store_ops_by_src ON store_ops (sr
 # The entries not in the store yet (dirty_files: the drain's audit, flush, the emergency
 # drain's end) are read without a scan of every entry the journal holds.
 _NOT_DURABLE = f"state IN ('{State.DIRTY.value}', '{State.UPLOADING.value}')"
+# "Named" (not the root, not an orphan) without the index on parent: a scan of it from the
+# first parent on would cost a read of every entry (the planner, without statistics, takes it
+# over the small index on entries not durable).
+_NAMED = "+parent IS NOT NULL"
 _NOT_DURABLE_INDEX = (
     f"CREATE INDEX IF NOT EXISTS inodes_not_durable ON inodes (id) WHERE {_NOT_DURABLE}"
 )
+
+
+def _starts_with(prefixes: Sequence[bytes]) -> tuple[str, list[bytes]]:
+    """An SQL test that a name begins with one of ``prefixes`` (byte ranges of the names,
+    compared as BLOBs: no text conversion per row), and its arguments."""
+    if not prefixes:
+        return "(0)", []
+    args = [a for p in prefixes for a in _after(p)]
+    return "(" + " OR ".join("(name >= ? AND name < ?)" for _ in prefixes) + ")", args
+
+
+def _after(prefix: bytes) -> tuple[bytes, bytes]:
+    """The range of names that begin with ``prefix`` (not empty; a name's last byte is never
+    0xFF in the prefixes of checkpoint patterns, which are ASCII)."""
+    return prefix, prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+def _durable_files(parents: Sequence[int] | None) -> tuple[str, list[object]]:
+    """The files (not directories) the store holds, named in ``parents`` (None: any; an empty
+    list: the caller's own ``parent = ?``), and the arguments."""
+    where = f"NOT {_IS_DIR} AND state IN ('{State.CLEAN.value}', '{State.REMOTE.value}')"
+    if parents is None:
+        return f"{where} AND parent IS NOT NULL", []
+    if not parents:
+        return where, []
+    return f"{where} AND parent IN (SELECT value FROM json_each(?))", [json.dumps(list(parents))]
 
 
 @dataclass
@@ -240,6 +271,9 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._paths: dict[int, tuple[bytes, ...]] = {}  # path_components, until a name changes
+        # Directories whose files changed since take_touched last asked; None until it first
+        # asks (then nothing is tracked: no cost for a mount that nobody asks for status).
+        self._touched: set[int] | None = None
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
             self._prepare(path)
@@ -530,14 +564,15 @@ class Journal:
             ),
         )
         self._next_id = number + 1  # only once the row is in: a failed insert uses no number
+        self._touch(row.parent)
         return number
 
     def update_attrs(self, row: InodeRow) -> None:
         """Write an inode's attributes (mode, owner, size, times). Never its state columns:
         those change only through :mod:`fsops.state` (:meth:`set_state`)."""
-        self.db.execute(
+        rows = self.db.execute(
             "UPDATE inodes SET mode=?, uid=?, gid=?, size=?, atime_ns=?, mtime_ns=?, ctime_ns=? "
-            "WHERE id=?",
+            "WHERE id=? RETURNING parent",
             (
                 row.mode,
                 row.uid,
@@ -548,20 +583,27 @@ class Journal:
                 row.ctime_ns,
                 row.id,
             ),
-        )
+        ).fetchall()
+        self._touch_rows(rows)
 
     def set_state(self, row: InodeRow) -> None:
         """Write an inode's state columns (state, generation, stored_key, stored_etag,
         checksum). Called by :mod:`fsops.state` only; a test checks that."""
-        self.db.execute(
+        rows = self.db.execute(
             "UPDATE inodes SET state=?, generation=?, stored_key=?, stored_etag=?, checksum=? "
-            "WHERE id=?",
+            "WHERE id=? RETURNING parent",
             (row.state, row.generation, row.stored_key, row.stored_etag, row.checksum, row.id),
-        )
+        ).fetchall()
+        self._touch_rows(rows)
 
     def set_name(self, inode: int, parent: int | None, name: bytes | None) -> None:
         """Move an inode to (parent, name); (None, None) makes it an orphan."""
+        if self._touched is not None:
+            self._touch_rows(
+                self.db.execute("SELECT parent FROM inodes WHERE id = ?", (inode,)).fetchall()
+            )
         self.db.execute("UPDATE inodes SET parent=?, name=? WHERE id=?", (parent, name, inode))
+        self._touch(parent)
         self._paths.clear()  # every path below it changed
 
     def touch_dir(self, inode: int, now_ns: int) -> None:
@@ -573,7 +615,8 @@ class Journal:
         self.db.execute("DELETE FROM xattrs WHERE inode = ?", (inode,))
         self.db.execute("DELETE FROM parts WHERE inode = ?", (inode,))
         self.db.execute("DELETE FROM uploads WHERE inode = ?", (inode,))
-        self.db.execute("DELETE FROM inodes WHERE id = ?", (inode,))
+        rows = self.db.execute("DELETE FROM inodes WHERE id = ? RETURNING parent", (inode,))
+        self._touch_rows(rows.fetchall())
         self._paths.pop(inode, None)
 
     def has_children(self, inode: int) -> bool:
@@ -675,6 +718,30 @@ class Journal:
         ).fetchall()
         return [int(r[0]) for r in rows]
 
+    def count_remote_files(self) -> int:
+        r = self.db.execute(
+            f"SELECT count(*) FROM inodes WHERE {_IS_REG} AND state = ?", (State.REMOTE,)
+        ).fetchone()
+        return int(r[0])
+
+    def remote_among(self, inodes: Sequence[int]) -> list[int]:
+        """Those of ``inodes`` that are regular files only in the store (remote)."""
+        rows = self.db.execute(
+            f"SELECT id FROM inodes WHERE id IN (SELECT value FROM json_each(?)) "
+            f"AND {_IS_REG} AND state = ?",
+            (json.dumps(list(inodes)), State.REMOTE),
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def cached_files(self) -> Iterator[tuple[int, int]]:
+        """(id, size) of every regular file not remote-only, named or orphaned (those
+        that have cache files), read as they are iterated: memory does not grow with them.
+        Nothing may change the journal until the iteration ends."""
+        for r in self.db.execute(
+            f"SELECT id, size FROM inodes WHERE {_IS_REG} AND state != ?", (State.REMOTE,)
+        ):
+            yield int(r[0]), int(r[1])
+
     def regular_files(self) -> list[InodeRow]:
         """Every regular file, named or orphaned (those that have cache files)."""
         rows = self.db.execute(f"SELECT {_INODE_COLS} FROM inodes WHERE {_IS_REG}").fetchall()
@@ -771,9 +838,111 @@ class Journal:
     def dirty_files(self) -> list[int]:
         """Named entries of every kind that the store lacks (dirty) or is being sent."""
         rows = self.db.execute(
-            f"SELECT id FROM inodes WHERE {_NOT_DURABLE} AND parent IS NOT NULL"
+            f"SELECT id FROM inodes WHERE {_NOT_DURABLE} AND {_NAMED}"
         ).fetchall()
         return [int(r[0]) for r in rows]
+
+    # -- what status counts ----------------------------------------------------------------------
+    # A status of a cache that holds a long run's checkpoints counts a million drained files:
+    # it reads them as totals per directory (one pass of SQL, then only the directories whose
+    # files changed since: take_touched) and builds rows only for the few that are not durable.
+
+    def _touch(self, parent: int | None) -> None:
+        if self._touched is not None and parent is not None:
+            self._touched.add(parent)
+
+    def _touch_rows(self, rows: list[tuple[object, ...]]) -> None:
+        if self._touched is not None:
+            for (parent,) in rows:
+                if parent is not None:
+                    self._touched.add(int(parent))  # type: ignore[call-overload]
+
+    def take_touched(self) -> set[int] | None:
+        """The directories whose entries were added, removed, renamed or changed (attributes
+        or state) since the last call, and from now on tracked; None at the first call (every
+        directory may have). A rolled-back change stays in it: it only means asking again."""
+        touched, self._touched = self._touched, set()
+        return touched
+
+    def directories(self) -> list[tuple[int, int | None, bytes]]:
+        """(id, parent, name) of every named directory (the root's name is b"")."""
+        rows = self.db.execute(
+            f"SELECT id, parent, name FROM inodes WHERE {_IS_DIR} AND parent IS NOT NULL"
+        ).fetchall()
+        return [(int(r[0]), int(r[1]), bytes(r[2])) for r in rows]
+
+    def durable_totals(
+        self, parents: Sequence[int] | None, prefixes: Sequence[bytes]
+    ) -> tuple[dict[int, tuple[int, int, int]], list[tuple[int, int]]]:
+        """Of the files (every entry but directories) in the store (clean or remote) in each
+        directory of ``parents`` (None: every directory): (count, bytes, latest mtime_ns) per
+        directory, with no entry for a directory without such files; and apart, not in the
+        totals, (id, parent) of those whose names begin with one of ``prefixes``. One pass over
+        those files (through the index on parent), then a look-up per prefix and directory
+        (the index on (parent, name))."""
+        where, args = _durable_files(parents)
+        rows = self.db.execute(
+            f"SELECT parent, count(*), sum(size), max(mtime_ns) FROM inodes WHERE {where} "
+            "GROUP BY parent",
+            args,
+        ).fetchall()
+        totals = {int(r[0]): (int(r[1]), int(r[2]), int(r[3])) for r in rows}
+        if not totals or not prefixes:
+            return totals, []
+        where, args = _durable_files(list(totals))
+        apart: list[tuple[int, int]] = []
+        for p in prefixes:
+            apart += self.db.execute(
+                f"SELECT id, parent FROM inodes WHERE {where} AND name >= ? AND name < ?",
+                [*args, *_after(p)],
+            ).fetchall()
+        if apart:  # those directories again, without them
+            named, named_args = _starts_with(prefixes)
+            again = sorted({int(r[1]) for r in apart})
+            for parent in again:
+                del totals[parent]
+            where, args = _durable_files(again)
+            for r in self.db.execute(
+                f"SELECT parent, count(*), sum(size), max(mtime_ns) FROM inodes WHERE {where} "
+                f"AND NOT {named} GROUP BY parent",
+                [*args, *named_args],
+            ):
+                totals[int(r[0])] = (int(r[1]), int(r[2]), int(r[3]))
+        return totals, [(int(r[0]), int(r[1])) for r in apart]
+
+    def durable_files_in(
+        self, parent: int, prefixes: Sequence[bytes]
+    ) -> list[tuple[bytes, int, int]]:
+        """(name, size, mtime_ns) of the files :meth:`durable_totals` counts in ``parent``."""
+        named, named_args = _starts_with(prefixes)
+        rows = self.db.execute(
+            f"SELECT name, size, mtime_ns FROM inodes WHERE parent = ? AND "
+            f"{_durable_files([])[0]} AND NOT {named}",
+            [parent, *named_args],
+        ).fetchall()
+        return [(bytes(r[0]), int(r[1]), int(r[2])) for r in rows]
+
+    def rows(self, ids: Sequence[int]) -> list[InodeRow]:
+        """The rows of these inodes (those that exist)."""
+        rows = self.db.execute(
+            f"SELECT {_INODE_COLS} FROM inodes WHERE id IN (SELECT value FROM json_each(?))",
+            (json.dumps(list(ids)),),
+        ).fetchall()
+        return [_row(r) for r in rows]
+
+    def maybe_pending(self) -> list[InodeRow]:
+        """Named entries of every kind that may not be durable: dirty or uploading, or stored
+        under a key that a pending store operation reads or writes. Read through indexes: as
+        many rows as there are such entries, however many the journal holds."""
+        rows = self.db.execute(
+            f"SELECT {_INODE_COLS} FROM inodes WHERE {_NOT_DURABLE} AND {_NAMED}"
+        ).fetchall()
+        rows += self.db.execute(
+            f"SELECT {_INODE_COLS} FROM inodes WHERE stored_key IN "
+            "(SELECT src FROM store_ops UNION SELECT dst FROM store_ops WHERE dst IS NOT NULL) "
+            f"AND parent IS NOT NULL AND NOT ({_NOT_DURABLE})"
+        ).fetchall()
+        return [_row(r) for r in rows]
 
     # -- uploads and store operations ------------------------------------------------------------
 
@@ -907,3 +1076,11 @@ class Journal:
     def remove_xattr(self, inode: int, name: bytes) -> bool:
         cur = self.db.execute("DELETE FROM xattrs WHERE inode = ? AND name = ?", (inode, name))
         return cur.rowcount > 0
+
+    def subdirs(self, parent: int) -> list[InodeRow]:
+        """The directories in ``parent`` (a chown of it changes the owner a listing gives
+        those of them that have no marker object: see :mod:`fsops.namespace`)."""
+        rows = self.db.execute(
+            f"SELECT {_INODE_COLS} FROM inodes WHERE parent = ? AND {_IS_DIR}", (parent,)
+        ).fetchall()
+        return [_row(r) for r in rows]

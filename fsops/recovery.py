@@ -12,6 +12,7 @@ the name does not silently vanish.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ckptgw.fsops.cache import CacheFiles
@@ -19,6 +20,9 @@ from ckptgw.fsops.journal import Journal, State
 from ckptgw.fsops.state import FileStates
 
 log = logging.getLogger(__name__)
+
+FEW = 10_000  # remote files: looked for one by one in the cache (else the cache is listed)
+CHUNK = 10_000  # inode numbers asked of the journal at once
 
 
 @dataclass
@@ -43,8 +47,18 @@ def recover(journal: Journal, cache: CacheFiles, states: FileStates) -> Recovery
             states.abandon_upload(row)  # no upload runs before the drain takes it again
     for inode in orphans:
         cache.remove(inode)
-    for inode in journal.remote_files():
-        cache.remove(inode)  # a fetch cut short: remote files keep no content across mounts
+    # A fetch cut short: remote files keep no content across mounts. Asked of the remote files
+    # where they are few, else of the cache files (a long run's journal holds a million
+    # files only in the store, and the cache few of them).
+    if journal.count_remote_files() <= FEW:
+        remote = journal.remote_files()
+    else:
+        present = sorted(cache.each_inode())
+        remote = []
+        for i in range(0, len(present), CHUNK):
+            remote += journal.remote_among(present[i : i + CHUNK])
+    for inode in remote:
+        cache.remove(inode)
     report.orphans_removed = len(orphans)
     if report.unclean:
         _reconcile(journal, cache, states, report)
@@ -58,19 +72,29 @@ def recover(journal: Journal, cache: CacheFiles, states: FileStates) -> Recovery
 def _reconcile(
     journal: Journal, cache: CacheFiles, states: FileStates, report: RecoveryReport
 ) -> None:
-    present = cache.known_inodes()
-    wanted: set[int] = set()
+    """The cache files against the journal. The files with cache files are read as a stream
+    and the cache files present kept as one bit per inode number: a journal of a million
+    files is gone through in memory that does not grow with it."""
+    present = _Bits(cache.each_inode())
+    wanted = _Bits()
+    fixes: list[tuple[int, int | None]] = []  # (inode, size of its cache file; None: missing)
+    for inode, size in journal.cached_files():
+        wanted.add(inode)
+        if inode in present:
+            found = cache.size(inode)
+            if found != size:
+                fixes.append((inode, found))
+        else:
+            fixes.append((inode, None))
     with journal.transaction():
-        for row in journal.regular_files():
-            if row.state is State.REMOTE:
+        for inode, actual in fixes:
+            row = journal.get(inode)
+            if row is None:
                 continue
-            wanted.add(row.id)
-            if row.id in present:
-                size = cache.size(row.id)
-                if size != row.size:
-                    row.size = size
-                    journal.update_attrs(row)
-                    report.sizes_fixed += 1
+            if actual is not None:
+                row.size = actual
+                journal.update_attrs(row)
+                report.sizes_fixed += 1
             elif row.state is State.CLEAN:
                 states.cache_file_missing(row)
             else:
@@ -79,6 +103,33 @@ def _reconcile(
                 row.size = 0
                 journal.update_attrs(row)
                 cache.create(row.id)
-    for inode in present - wanted:
-        cache.remove(inode)
-        report.stray_removed += 1
+    for inode in present.ints():
+        if inode not in wanted:
+            cache.remove(inode)
+            report.stray_removed += 1
+
+
+class _Bits:
+    """A set of inode numbers, one bit each (they are dense: numbered from 1 up)."""
+
+    def __init__(self, ints: Iterable[int] = ()) -> None:
+        self._bits = bytearray()
+        for i in ints:
+            self.add(i)
+
+    def add(self, i: int) -> None:
+        byte = i >> 3
+        if byte >= len(self._bits):
+            self._bits.extend(bytes(max(byte + 1 - len(self._bits), len(self._bits))))
+        self._bits[byte] |= 1 << (i & 7)
+
+    def __contains__(self, i: int) -> bool:
+        byte = i >> 3
+        return byte < len(self._bits) and bool(self._bits[byte] & (1 << (i & 7)))
+
+    def ints(self) -> Iterator[int]:
+        for byte, b in enumerate(self._bits):
+            if b:
+                for bit in range(8):
+                    if b & (1 << bit):
+                        yield (byte << 3) | bit

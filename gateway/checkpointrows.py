@@ -23,6 +23,7 @@ from ckptgw.drain.catalog import PER_DIRECTORY, CheckpointFile
 from ckptgw.drain.checkpoints import (
     DURABLE,
     CheckpointView,
+    DirectoryTotals,
     EntryCount,
     FileView,
     Recognizer,
@@ -98,9 +99,12 @@ def checkpoint_rows(
     files: Iterable[FileView],
     retention: Lifecycle | None,
     now: float,
+    totals: Iterable[DirectoryTotals] = (),
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The rows, newest first, and the ``store_listing`` and ``pins`` status fields."""
-    local = recognizer.group(files)
+    """The rows, newest first, and the ``store_listing`` and ``pins`` status fields. ``files``
+    one by one and ``totals``, durable files counted per directory: those are listed only for
+    a checkpoint that the store's listing holds too or that a retention run covers."""
+    local = recognizer.group(files, totals)
     stored = retention.catalog.checkpoints() if retention is not None else {}
     pinned = retention.pinned if retention is not None else {}
     rows = []
@@ -108,19 +112,21 @@ def checkpoint_rows(
         s = stored.get(c.path) if c.step is not None else None
         view = c
         count = c.count
+        covered = retention is not None and c.step is not None and retention.run_of(c.path)
+        files = c.every() if s is not None or covered else c.files
         if s is not None and retention is not None:  # the store may hold files not seen here
-            every = list(retention.merge(s.files, c.files).values())
+            every = list(retention.merge(s.files, files).values())
             count = EntryCount.of(c.path, (f.path for f in every))
             merged = _files(every)
-            known = {f.path: f for f in c.files}
+            known = {f.path: f for f in files}
             view = CheckpointView(
                 c.path,
                 c.step,
                 [known.get(f.path) or FileView(f.path, f.size, DURABLE, f.mtime) for f in merged],
             )
         judged = None
-        if retention is not None and c.step is not None:
-            judged = retention.judge(c.path, c.files, now, stored)
+        if covered and retention is not None:
+            judged = retention.judge(c.path, files, now, stored)
         # In the store too: listed there, or every file drained (the listing may be older).
         where = "both" if s is not None or c.state == DURABLE else "local"
         rows.append(_row(mountpoint, view, where, judged, c.path in pinned, now, count))

@@ -7,6 +7,7 @@ are only ever added within a version.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import stat
@@ -18,7 +19,7 @@ from typing import Any
 
 import trio
 
-from ckptgw.drain.checkpoints import DRAINING, DURABLE, FileView, Recognizer
+from ckptgw.drain.checkpoints import DRAINING, DURABLE, DirectoryTotals, FileView, Recognizer
 from ckptgw.drain.engine import DrainEngine
 from ckptgw.drain.fetch import FetchStats
 from ckptgw.drain.lifecycle import Lifecycle as Retention
@@ -28,7 +29,7 @@ from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.drain.progress import UploadProgress
 from ckptgw.drain.store import Store
 from ckptgw.fsops.filesystem import Filesystem
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.storekeys import object_key
 from ckptgw.gateway.checkpointrows import checkpoint_rows
 from ckptgw.gateway.nfsserve import read_state
@@ -87,6 +88,13 @@ class Reporter:
         self.lookups: LookupWait | None = None  # set by the daemon: the lookup deadline
         self.started = time.time()
         self._next_ask = -math.inf  # (trio time) a waiting ``pending`` asks again from then
+        # The durable files, counted per directory (Journal.durable_totals), kept from one
+        # status to the next: only the directories whose entries changed are counted again.
+        # Files whose names may be checkpoints of their own are apart: (inode, directory).
+        prefixes = self.recognizer.prefixes()
+        self._prefixes = None if prefixes is None else [p.encode() for p in prefixes]
+        self._totals: dict[int, tuple[int, int, int]] = {}
+        self._apart: dict[int, set[int]] = {}
 
     # -- files -----------------------------------------------------------------------------------
 
@@ -102,15 +110,38 @@ class Reporter:
         prefix = path.strip("/")
         if not stat.S_ISDIR(row.mode):
             found = [(row, prefix)]
+        elif maybe_pending:
+            found = self._maybe_pending_under(row, prefix, dirs=dirs)
         else:
             found = [
                 (r, f"{prefix}/{rel}" if prefix else rel)
-                for r, rel in self.fs.journal.files_under(
-                    row.id, dirs=dirs, maybe_pending=maybe_pending
-                )
+                for r, rel in self.fs.journal.files_under(row.id, dirs=dirs)
             ]
-            if dirs and row.parent is not None:
-                found.append((row, prefix))
+        if stat.S_ISDIR(row.mode) and dirs and row.parent is not None:
+            found.append((row, prefix))
+        return self._views(found)
+
+    def _path(self, inode: int) -> str:
+        return "/".join(c.decode(errors="replace") for c in self.fs.journal.path_components(inode))
+
+    def _maybe_pending_under(
+        self, top: InodeRow, prefix: str, *, dirs: bool
+    ) -> list[tuple[InodeRow, str]]:
+        """The entries below ``top`` that may not be durable (Journal.maybe_pending), with
+        their paths (``prefix``: top's as the caller named it)."""
+        journal = self.fs.journal
+        base = journal.path_components(top.id)
+        found = []
+        for r in journal.maybe_pending():
+            if r.is_dir and not dirs:
+                continue
+            names = journal.path_components(r.id)
+            if len(names) > len(base) and names[: len(base)] == base:
+                rel = "/".join(c.decode(errors="replace") for c in names[len(base) :])
+                found.append((r, f"{prefix}/{rel}" if prefix else rel))
+        return found
+
+    def _views(self, found: list[tuple[InodeRow, str]]) -> list[tuple[InodeRow, FileView]]:
         moving = self.fs.journal.pending_keys()  # a move to a file's key: not there yet
         key_prefix = self.fs.keys.prefix
         since = self.engine.dirty_since
@@ -138,6 +169,93 @@ class Reporter:
             )
             out.append((r, view))
         return out
+
+    def summary(self) -> tuple[list[tuple[InodeRow, FileView]], list[DirectoryTotals]]:
+        """What :meth:`files` says of the whole mount (files, not directories), in two parts:
+        the files that may not be durable and those whose names may be checkpoints, one by
+        one; and every other file, durable, counted per directory. A status then builds rows
+        for the few files in flight, however many the journal holds."""
+        journal = self.fs.journal
+        if self._prefixes is None:  # a pattern may match any name: every file, one by one
+            return self.files(), []
+        touched = journal.take_touched()
+        if touched is None or touched:
+            counts, apart = journal.durable_totals(
+                None if touched is None else sorted(touched), self._prefixes
+            )
+            if touched is None:
+                self._totals, self._apart = {}, {}
+            for d in touched or ():
+                self._totals.pop(d, None)
+                self._apart.pop(d, None)
+            self._totals.update(counts)
+            for inode, d in apart:
+                self._apart.setdefault(d, set()).add(inode)
+        single = {r.id: r for r in journal.maybe_pending() if not r.is_dir}
+        for r in journal.rows([i for ids in self._apart.values() for i in ids]):
+            single.setdefault(r.id, r)
+        counted = dict(self._totals)
+        for r in single.values():  # a durable one waiting for a move: apart from its totals
+            if (
+                r.parent in counted
+                and r.state in (State.CLEAN, State.REMOTE)
+                and r.id not in self._apart.get(r.parent, ())
+            ):
+                n, nbytes, mtime = counted[r.parent]
+                counted[r.parent] = (n - 1, nbytes - r.size, mtime)
+        files = self._views([(r, self._path(r.id)) for r in single.values()])
+        paths = self._directory_paths()
+        by_parent: dict[int, set[bytes]] = {}
+        for r in single.values():
+            if r.parent is not None and r.name is not None:
+                by_parent.setdefault(r.parent, set()).add(bytes(r.name))
+        totals = [
+            DirectoryTotals(
+                paths[d],
+                n,
+                nbytes,
+                mtime / 1e9,
+                functools.partial(self._durable_files, d, paths[d], by_parent.get(d, set())),
+            )
+            for d, (n, nbytes, mtime) in counted.items()
+            if n > 0 and d in paths
+        ]
+        return files, totals
+
+    def _directory_paths(self) -> dict[int, str]:
+        """Every directory's path (the root's is "")."""
+        parents = {
+            d: (parent, name)
+            for d, parent, name in self.fs.journal.directories()
+            if parent is not None
+        }
+        paths: dict[int, str] = {ROOT_INODE: ""}
+
+        def path(d: int) -> str | None:
+            chain = []
+            while d not in paths:
+                if d not in parents:
+                    return None  # (an orphan's: none has entries)
+                chain.append(d)
+                d = parents[d][0]
+            for c in reversed(chain):
+                up, name = paths[parents[c][0]], parents[c][1].decode(errors="replace")
+                paths[c] = f"{up}/{name}" if up else name
+            return paths[chain[0]] if chain else paths[d]
+
+        for d in parents:
+            path(d)
+        return paths
+
+    def _durable_files(self, d: int, path: str, apart: set[bytes]) -> list[FileView]:
+        """The files of directory ``d`` that its totals count, one by one."""
+        assert self._prefixes is not None
+        return [
+            FileView(f"{path}/{n}" if path else n, size, DURABLE, mtime / 1e9)
+            for name, size, mtime in self.fs.journal.durable_files_in(d, self._prefixes)
+            if name not in apart
+            for n in [name.decode(errors="replace")]
+        ]
 
     def pending(self, paths: list[str]) -> dict[str, Any]:
         """What is not durable yet at or below ``paths`` (all of the mount if empty), and how
@@ -263,7 +381,7 @@ class Reporter:
 
     def status(self) -> dict[str, Any]:
         now = time.time()
-        files = self.files()
+        files, totals = self.summary()
         # Each file counts once, in at most one of two sums that the text and the checkpoint
         # rows go by. dirty_bytes: files whose content the store lacks (dirty or uploading;
         # the sum of the checkpoints' local_bytes). queue.moving_bytes: files the store holds
@@ -285,7 +403,7 @@ class Reporter:
             for u, p in zip(uploads, running, strict=True):
                 u["stalled"] = [f"{r['what']} ({r['phase']})" for r in stalled if r["key"] == p.key]
         checkpoints, listed = checkpoint_rows(
-            self.mountpoint, self.recognizer, (v for _, v in files), self.retention, now
+            self.mountpoint, self.recognizer, (v for _, v in files), self.retention, now, totals
         )
         lc = self.lifecycle
         return {
