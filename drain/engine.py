@@ -115,7 +115,10 @@ class DrainEngine:
         """The one definition of durable. A file is ``durable`` when the store holds its
         current content under its current path: it is clean (or only in the store) and no
         journaled move to its key is pending (``moving``: :meth:`Journal.pending_keys`). It is
-        ``draining`` while an upload or such a move is under way, and ``local`` otherwise."""
+        ``draining`` while an upload or such a move is under way, and ``local`` otherwise. A
+        directory that needs no marker (:func:`fsops.namespace.needs_no_marker`) is clean with
+        no key, and durable: a fresh node sees it through the keys of what is in it, whose own
+        durability its checkpoint's waits for."""
         if row.state in (State.DIRTY, State.UPLOADING):
             uploading = row.state is State.UPLOADING or row.id in self._progress
             return DRAINING if uploading else LOCAL

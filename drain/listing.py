@@ -60,6 +60,7 @@ from ckptgw.drain.store import Listing, ObjectInfo, Store, StoreError
 from ckptgw.fsops.inodes import Inode, InodeTable
 from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.names import RESERVED
+from ckptgw.fsops.namespace import LISTED_DIR_MODE
 from ckptgw.fsops.objectmeta import SMALL_OBJECT, EntryMeta
 from ckptgw.fsops.state import FileStates
 from ckptgw.fsops.storekeys import StoreKeys
@@ -443,7 +444,9 @@ class Listings:
     ) -> None:
         if self.journal.lookup(d.id, name) is not None or self._gone(key, pending, started):
             return
-        row = self._new_row(d, name, stat.S_IFDIR | 0o755, 0, time.time_ns())
+        # No marker read (yet): what a listing gives such a directory, and a marker-less one
+        # made on a node with these attributes PUTs none (fsops.namespace.needs_no_marker).
+        row = self._new_row(d, name, stat.S_IFDIR | LISTED_DIR_MODE, 0, time.time_ns())
         self._from_store.add(self.states.insert_listed(row, None, None))
         if key in described:  # else its marker, if any, is read at its lookup
             marker = described[key]
@@ -457,7 +460,10 @@ class Listings:
         if stat.S_ISDIR(row.mode):
             if self.journal.has_children(row.id):
                 return []
-            if row.state is State.REMOTE and not row.stored_key:
+            if not row.stored_key:
+                # No marker, and nothing in it any more: the store holds nothing of it (what
+                # was in it was deleted elsewhere). One emptied here is dirty instead, until
+                # its marker is put (fsops.namespace).
                 self.table.unlink(self.table.adopt(row))
                 return []
         key = row.stored_key

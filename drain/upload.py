@@ -48,6 +48,7 @@ from ckptgw.drain.store import (
 from ckptgw.fsops.contentsum import PARTS, composite, crc32_b64, part_size_of, parts_checksum
 from ckptgw.fsops.inodes import Inode, InodeTable
 from ckptgw.fsops.journal import State, UploadRow
+from ckptgw.fsops.namespace import needs_no_marker
 from ckptgw.fsops.objectmeta import CHECKSUM, encode
 from ckptgw.fsops.state import FileStates
 from ckptgw.fsops.storekeys import StoreKeys
@@ -149,6 +150,7 @@ class Uploader:
         # Keys whose multipart upload is being created, for the orphan sweep: the store has
         # the upload before we know its id; once we do, its record is journaled at once.
         self.creating: set[str] = set()
+        self.markers_implied = 0  # directories drained without a marker (no request)
 
     async def _send(
         self, progress: UploadProgress, nbytes: int, call: Callable[[], Awaitable[T]]
@@ -207,7 +209,10 @@ class Uploader:
 
     async def _entry(self, ino: Inode, generation: int, key: str, progress: UploadProgress) -> bool:
         """An entry without content in the cache: one PUT of its target (a symlink) or of
-        nothing, with what it is in the metadata."""
+        nothing, with what it is in the metadata. A directory that a listing shows as it is
+        without its marker gets none (:meth:`_implied`)."""
+        if ino.is_dir and self._implied(ino, generation, key):
+            return True
         data = ino.target or b""
         progress.size = len(data)
         record = UploadRow(ino.id, generation, key, None, 0, len(data), "")
@@ -216,6 +221,26 @@ class Uploader:
         _check(ino, generation)
         etag = await self._send(progress, len(data), lambda: self.store.put(key, data, meta))
         return self._finish(ino, record, etag)  # drained.files counts regular files only
+
+    def _implied(self, ino: Inode, generation: int, key: str) -> bool:
+        """Make a directory taken by the drain clean without a request if it needs no marker
+        (:func:`fsops.namespace.needs_no_marker`: at a fleet's save, every node makes the same
+        directories, and each node's PUT of one key would count against the store's request
+        rate); returns whether it did. Not where the store may hold an object of ours at its
+        key: a previous version it replaces (``stored_key``), or a PUT sent before a restart
+        (its upload record): a marker put is overwritten, never left without a row that
+        deletes or moves it. Decided and committed without an await: no change comes between."""
+        if ino.stored_key or self.journal.get_upload(ino.id) is not None:
+            return False
+        if not needs_no_marker(self.journal, ino):
+            return False
+        _check(ino, generation)
+        with self.journal.transaction():
+            if not self.states.marker_implied(ino, generation):
+                return False
+        log.debug("%s needs no marker: its entries show it", key)
+        self.markers_implied += 1
+        return True
 
     async def _single(
         self,

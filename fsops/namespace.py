@@ -7,6 +7,14 @@ Every entry below the root goes to the store (:mod:`fsops.objectmeta` says how):
 journals a ``meta`` store operation (an in-place copy with the new metadata), so the content
 does not travel again.
 
+A directory that holds entries and has what a listing gives a directory without a marker
+object (:func:`needs_no_marker`) gets no marker: the drain makes it clean without a request
+(:meth:`FileStates.marker_implied`). When a change here would make a listing show it
+otherwise (its last entry goes, or a chmod, chown or setxattr), it becomes dirty in the
+change's transaction (:meth:`FileStates.marker_needed`), and the drain PUTs its marker. So does
+a directory of another node that has no marker. A change of its mtime alone is not sent: a
+listing gives such a directory the time it was listed.
+
 Each operation validates first, then changes the journal in one transaction, then frees cache
 files of inodes it destroyed (a crash in between leaves only cache files without a row, which
 recovery removes). Errors are raised as OSError with an errno; the FUSE layer translates them.
@@ -33,6 +41,35 @@ from ckptgw.fsops.state import FileStates
 from ckptgw.fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
+
+#: The permission bits a listing gives a directory that has no marker object
+#: (:mod:`drain.listing`); its owner is its parent's, and it has no extended attributes.
+LISTED_DIR_MODE = 0o755
+
+
+def shown_without_marker(journal: Journal, row: InodeRow) -> bool:
+    """Whether a listing shows directory ``row`` with the attributes it has, if it has no
+    marker object: permission bits :data:`LISTED_DIR_MODE`, its parent's owner, no extended
+    attributes. (Not its mtime: a listing gives it the time it was listed.)"""
+    if row.parent is None or row.mode & 0o7777 != LISTED_DIR_MODE:
+        return False
+    parent = journal.get(row.parent)
+    return (
+        parent is not None
+        and (row.uid, row.gid) == (parent.uid, parent.gid)
+        and not journal.list_xattrs(row.id)
+    )
+
+
+def needs_no_marker(journal: Journal, row: InodeRow) -> bool:
+    """Whether a fresh node sees directory ``row`` as it is without a marker object: it
+    holds an entry (whose key a listing shows it as a prefix of) and
+    :func:`shown_without_marker`. An empty one needs its marker, or it is not seen at all."""
+    return (
+        stat.S_ISDIR(row.mode)
+        and shown_without_marker(journal, row)
+        and journal.has_children(row.id)
+    )
 
 
 class Caller(Protocol):
@@ -226,6 +263,7 @@ class Namespace:
             self.keys.unlinked(ino)
             freed = self.table.unlink(ino)
             self.journal.touch_dir(parent.id, now)
+            self._keep_shown(parent, emptied=True)
         parent.mtime_ns = parent.ctime_ns = now
         if freed:
             self.table.cache.remove(ino.id)
@@ -290,6 +328,10 @@ class Namespace:
             self.table.persist(src)
             if exchange and dst is not None:
                 self.table.persist(dst)
+                self._keep_shown(dst)  # its owner against its new parent's
+            self._keep_shown(src)
+            if old_parent is not new_parent:
+                self._keep_shown(old_parent, emptied=True)
             for d in {old_parent.id: old_parent, new_parent.id: new_parent}.values():
                 self.journal.touch_dir(d.id, now)
                 d.mtime_ns = d.ctime_ns = now
@@ -346,6 +388,10 @@ class Namespace:
         with self.journal.transaction():
             self.table.persist(ino)
             again = changed and self._attrs_changed(ino)
+            if ino.is_dir and (ino.uid, ino.gid) != before[1:3]:
+                # What a listing gives the directories in it without a marker: its owner.
+                for sub in self.journal.subdirs(ino.id):
+                    self._keep_shown(sub)
         if again:
             await self._send_again(ino)
         if change.size is not None and ino.writers == 0:
@@ -355,15 +401,40 @@ class Namespace:
     def _attrs_changed(self, ino: Inode) -> bool:
         """Metadata that the store keeps changed (called in the change's transaction): see
         that the store gets it. A dirty entry takes it with its upload; one the store holds
-        gets it by an in-place copy, journaled here. Returns True where the entry must go
-        again instead (:meth:`_send_again`): it is being uploaded (its metadata was fixed
-        when the upload began), or it is a directory from the store without a marker."""
+        gets it by an in-place copy, journaled here; a directory without a marker gets one
+        if a listing would no longer show it as it is (:meth:`_keep_shown`). Returns True
+        where the entry must go again instead (:meth:`_send_again`): it is being uploaded
+        (its metadata was fixed when the upload began)."""
         if ino.parent is None or ino.state is State.DIRTY:
             return False  # the root (not in the store), an orphan, or not sent yet
-        if ino.state is State.UPLOADING or not ino.stored_key:
+        if ino.state is State.UPLOADING:
+            return True
+        if not ino.stored_key:
+            if ino.is_dir:  # no marker
+                self._keep_shown(ino)
+                return False
             return True
         self.keys.metadata_changed(ino)
         return False
+
+    def _keep_shown(self, d: InodeRow, *, emptied: bool = False) -> None:
+        """In the transaction of a change of directory ``d`` or of what is in it (``emptied``:
+        an entry left it): if ``d`` has no marker object and a fresh node's listing would no
+        longer show it as it is (it is empty now, or :func:`shown_without_marker` no longer
+        holds), it becomes dirty, and the drain PUTs its marker. Its mtime alone is not
+        sent."""
+        d = self.table.current(d)
+        if (
+            not d.is_dir
+            or d.parent is None
+            or d.stored_key
+            or d.state not in (State.CLEAN, State.REMOTE)
+        ):
+            return  # the root, an orphan, a marker kept, or its upload takes it as it is
+        if (emptied and not self.journal.has_children(d.id)) or not shown_without_marker(
+            self.journal, d
+        ):
+            self.states.marker_needed(d)
 
     async def _send_again(self, ino: Inode) -> None:
         await self.states.mark_dirty(ino)

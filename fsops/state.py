@@ -54,9 +54,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     Transition(
         "mark_dirty", CLEAN, DIRTY, "write, truncate, open with O_TRUNC or (passthrough) to write"
     ),
-    Transition(
-        "mark_dirty", REMOTE, DIRTY, "open with O_TRUNC; chmod etc. of a directory with no marker"
-    ),
+    Transition("mark_dirty", REMOTE, DIRTY, "open with O_TRUNC"),
     Transition(
         "mark_dirty",
         UPLOADING,
@@ -65,11 +63,24 @@ TRANSITIONS: tuple[Transition, ...] = (
     ),
     Transition("begin_upload", DIRTY, UPLOADING, "the drain takes it: no writer, settled"),
     Transition("finish_upload", UPLOADING, CLEAN, "object complete, same generation and size"),
+    Transition(
+        "marker_implied",
+        UPLOADING,
+        CLEAN,
+        "a directory that a listing shows as it is: no marker, no request",
+    ),
     Transition("abandon_upload", UPLOADING, DIRTY, "upload failed, cancelled, or restart"),
     Transition("evict", CLEAN, REMOTE, "cache full: least recently opened first"),
     Transition("fetched", REMOTE, CLEAN, "read-through: fetched whole and verified"),
     Transition("lost", CLEAN, DIRTY, "its object vanished before a move: upload again"),
     Transition("cache_file_missing", CLEAN, REMOTE, "recovery after a crash"),
+    Transition(
+        "marker_needed",
+        CLEAN,
+        DIRTY,
+        "a marker-less directory emptied here, or its chmod, chown, setxattr",
+    ),
+    Transition("marker_needed", REMOTE, DIRTY, "the same, another node's"),
     Transition("rebind", DIRTY, DIRTY, "`ckptgw cache rebind`: the new store holds nothing yet"),
     Transition("rebind", CLEAN, DIRTY, "`ckptgw cache rebind`: upload again, to the new store"),
     Transition("rebind", REMOTE, DIRTY, "`ckptgw cache rebind` of a directory with entries here"),
@@ -224,6 +235,23 @@ class FileStates:
         self.room.changed()  # evictable now: a writer waiting for room may go on
         return True
 
+    def marker_implied(self, ino: Inode, generation: int) -> bool:
+        """The drain took a directory that needs no marker object: a listing shows it as it
+        is without one (it holds an entry, and has the mode and owner a listing gives such a
+        directory: :func:`fsops.namespace.needs_no_marker`). It becomes clean, stored
+        nowhere, without a request; returns whether it did (a directory changed meanwhile
+        stays dirty). Once a listing would show it otherwise, :meth:`marker_needed` makes it
+        dirty again. A directory whose key holds an object of ours is never one (a bug)."""
+        if ino.state is DIRTY:
+            return False
+        self._check("marker_implied", ino)
+        if ino.generation != generation or ino.stored_key:
+            raise self._refuse("marker_implied", ino)
+        ino.state = CLEAN
+        ino.stored_key = ino.stored_etag = ino.checksum = None
+        self._write(ino)
+        return True
+
     def abandon_upload(self, row: InodeRow) -> None:
         """An upload ended without making the file clean: it is dirty again, same generation
         (the content did not change). A file already dirty (changed meanwhile) is left."""
@@ -242,6 +270,22 @@ class FileStates:
         row.state, row.stored_key, row.stored_etag = DIRTY, None, None
         row.generation += 1
         self._write(row)
+
+    def marker_needed(self, row: InodeRow) -> None:
+        """A directory without a marker object (clean, or another node's) that a listing
+        would no longer show as it is: emptied here (its last entry unlinked or renamed
+        away), or given a mode, owner or extended attribute a listing cannot show. It is
+        dirty with a new generation, and the drain PUTs its marker. Called in the
+        transaction of the change that made it needed: a crash cannot keep one without the
+        other. A directory that has a marker is never one (a bug)."""
+        row = self._current(row)
+        self._check("marker_needed", row)
+        if row.stored_key:
+            raise self._refuse("marker_needed", row)
+        row.state, row.generation = DIRTY, row.generation + 1
+        self._write(row)
+        if row.parent is not None:
+            self.events.written(row.id)  # nobody writes a directory: due once settled
 
     # -- the cache as a bounded tier -------------------------------------------------------------
 

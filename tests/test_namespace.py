@@ -128,6 +128,7 @@ def test_renaming_a_directory_moves_its_marker_and_everything_below(nodes: Nodes
     a = nodes.node("a")
     (a.mountpoint / "tmp_step_5/empty").mkdir(parents=True, mode=0o700)
     (a.mountpoint / "tmp_step_5/empty").chmod(0o700)
+    (a.mountpoint / "tmp_step_5").chmod(0o750)  # a marker of its own (not as a listing infers)
     (a.mountpoint / "tmp_step_5/link").symlink_to("empty")
     assert a.cli("flush", "--wait", "--timeout", "60").returncode == 0
     os.rename(a.mountpoint / "tmp_step_5", a.mountpoint / "step_5")
@@ -138,6 +139,7 @@ def test_renaming_a_directory_moves_its_marker_and_everything_below(nodes: Nodes
     b = nodes.node("b")
     assert os.readlink(b.mountpoint / "step_5/link") == "empty"
     assert stat.S_IMODE((b.mountpoint / "step_5/empty").stat().st_mode) == 0o700
+    assert stat.S_IMODE((b.mountpoint / "step_5").stat().st_mode) == 0o750
 
 
 def test_every_kind_of_entry_survives_kill_9_and_remount(gateway: GatewayFactory) -> None:

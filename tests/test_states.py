@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import logging
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,9 +16,10 @@ import trio.testing
 
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.inodes import Inode
-from ckptgw.fsops.journal import ROOT_INODE, State
+from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
+from ckptgw.fsops.namespace import AttrChange, needs_no_marker
 from ckptgw.fsops.state import TRANSITIONS, Changes, StateError, mermaid, table
-from tests.test_ops import ME
+from tests.test_ops import ME, Caller
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,6 +64,51 @@ def new_file(fs: Filesystem, state: State) -> Inode:
     return ino
 
 
+def listed(fs: Filesystem, parent: int, name: bytes, mode: int, key: str | None) -> Inode:
+    """An entry another node drained, as a listing inserts it (``key`` None: a directory
+    without a marker), with its parent's owner."""
+    p = fs.table.get(parent)
+    row = InodeRow(
+        id=0,
+        parent=parent,
+        name=name,
+        mode=mode,
+        uid=p.uid,
+        gid=p.gid,
+        size=0,
+        atime_ns=0,
+        mtime_ns=0,
+        ctime_ns=0,
+        target=None,
+        state=State.REMOTE,
+        generation=1,
+    )
+    fs.states.insert_listed(row, key, None if key is None else "etag")
+    return fs.table.get(row.id)
+
+
+def new_dir(fs: Filesystem, state: State) -> Inode:
+    """A directory without a marker object put in ``state`` the ways one gets there: made
+    here and drained without a marker (clean), or listed from another node (remote)."""
+    if state is State.REMOTE:
+        return listed(fs, ROOT_INODE, os.urandom(4).hex().encode(), stat.S_IFDIR | 0o755, None)
+    d = fs.namespace.mkdir(ROOT_INODE, os.urandom(4).hex().encode(), 0o755, ME)
+    if state is State.DIRTY:
+        return d
+    fs.states.begin_upload(d)
+    if state is State.UPLOADING:
+        return d
+    assert fs.states.marker_implied(d, d.generation)
+    return d
+
+
+MARKERS = ("marker_implied", "marker_needed")  # directories' transitions
+
+
+def new_entry(fs: Filesystem, state: State, method: str) -> Inode:
+    return new_dir(fs, state) if method in MARKERS else new_file(fs, state)
+
+
 def journal_state(fs: Filesystem, ino: Inode) -> tuple[State, int]:
     row = fs.journal.get(ino.id)
     assert row is not None
@@ -75,6 +122,8 @@ def call(fs: Filesystem, method: str, ino: Inode) -> None:
         trio.run(s.mark_dirty, ino)
     elif method == "finish_upload":
         assert s.finish_upload(ino, ino.generation, ino.size, "k", "e", "c")
+    elif method == "marker_implied":
+        assert s.marker_implied(ino, ino.generation)
     elif method == "fetched":
         s.fetched(ino, "c")
     elif method in ("insert_local", "insert_listed"):
@@ -90,13 +139,13 @@ def test_every_transition_goes_where_it_says_and_is_journaled(fs: Filesystem, t:
     assert isinstance(t, Transition)
     if t.src is None:
         pytest.skip("a row created in its state")
-    ino = new_file(fs, t.src)
+    ino = new_entry(fs, t.src, t.method)
     generation, changes = ino.generation, fs.states.changes.count
     call(fs, t.method, ino)
     assert fs.states.changes.count == changes + 1  # what wakes a waiting ``pending``
     assert ino.state is t.dst
     assert journal_state(fs, ino)[0] is t.dst
-    bumped = t.method in ("mark_dirty", "lost", "rebind")
+    bumped = t.method in ("mark_dirty", "lost", "rebind", "marker_needed")
     assert ino.generation == generation + (1 if bumped else 0)
 
 
@@ -109,9 +158,10 @@ def test_a_transition_from_a_state_it_does_not_start_from_is_refused_loudly(
     fs: Filesystem, method: str, state: State, caplog: pytest.LogCaptureFixture
 ) -> None:
     allowed = {t.src for t in TRANSITIONS if t.method == method}
-    if state in allowed or (method in ("mark_dirty", "finish_upload") and state is State.DIRTY):
+    normal = ("mark_dirty", "finish_upload", "marker_implied")
+    if state in allowed or (method in normal and state is State.DIRTY):
         pytest.skip("allowed, or normal: dirty again (a write), or changed during the upload")
-    ino = new_file(fs, state)
+    ino = new_entry(fs, state, method)
     before, changes = journal_state(fs, ino), fs.states.changes.count
     with caplog.at_level(logging.ERROR, logger="ckptgw.fsops.state"), pytest.raises(StateError):
         call(fs, method, ino)
@@ -208,3 +258,108 @@ def test_architecture_shows_the_state_machine_of_the_code() -> None:
     doc = (ROOT / "ARCHITECTURE.md").read_text()
     assert mermaid() in doc, "regenerate with: python -m ckptgw.fsops.state"
     assert table() in doc, "regenerate with: python -m ckptgw.fsops.state"
+
+
+# -- directories without a marker object (fsops.namespace.needs_no_marker) ----------------------
+
+SELF = Caller(os.getuid(), os.getgid())  # the root's owner: what a listing gives below it
+
+
+def drained_without_marker(fs: Filesystem, d: Inode) -> None:
+    """As the drain leaves a directory that needs no marker: clean, stored nowhere."""
+    assert needs_no_marker(fs.journal, d)
+    fs.states.begin_upload(d)
+    assert fs.states.marker_implied(d, d.generation)
+    assert journal_state(fs, d)[0] is State.CLEAN and d.stored_key is None
+
+
+def test_a_directory_needs_no_marker_only_where_a_listing_shows_it_as_it_is(
+    fs: Filesystem,
+) -> None:
+    d = fs.namespace.mkdir(ROOT_INODE, b"d", 0o755, SELF)
+    assert not needs_no_marker(fs.journal, d)  # empty: no key shows it
+    fs.namespace.create_file(d.id, b"f", 0o644, SELF)
+    assert needs_no_marker(fs.journal, d)
+    other = fs.namespace.mkdir(ROOT_INODE, b"other", 0o700, SELF)
+    fs.namespace.create_file(other.id, b"f", 0o644, SELF)
+    assert not needs_no_marker(fs.journal, other)  # a listing would make it 0755
+    theirs = fs.namespace.mkdir(d.id, b"theirs", 0o755, Caller(SELF.uid + 1, SELF.gid))
+    fs.namespace.create_file(theirs.id, b"f", 0o644, SELF)
+    assert not needs_no_marker(fs.journal, theirs)  # a listing gives it its parent's owner
+    tagged = fs.namespace.mkdir(d.id, b"tagged", 0o755, SELF)
+    fs.namespace.create_file(tagged.id, b"f", 0o644, SELF)
+    trio.run(fs.namespace.setxattr, tagged.id, b"user.k", b"v")
+    assert not needs_no_marker(fs.journal, tagged)  # a listing has no xattrs
+
+
+def test_a_directory_without_a_marker_emptied_here_is_dirty_in_the_same_change(
+    fs: Filesystem,
+) -> None:
+    d = fs.namespace.mkdir(ROOT_INODE, b"d", 0o755, SELF)
+    fs.namespace.create_file(d.id, b"a", 0o644, SELF)
+    fs.namespace.mkdir(d.id, b"b", 0o755, SELF)
+    drained_without_marker(fs, d)
+    generation = d.generation
+    fs.namespace.unlink(d.id, b"a")
+    assert journal_state(fs, d) == (State.CLEAN, generation)  # b still shows it
+    fs.namespace.rmdir(d.id, b"b")
+    assert journal_state(fs, d) == (State.DIRTY, generation + 1)  # nothing shows it now
+    events = fs.states.events
+    assert isinstance(events, Events) and ("written", d.id) in events.log  # the drain hears
+    assert fs.journal.store_ops() == []  # no copy of a marker that is not there
+
+
+def test_a_directory_with_its_marker_stays_clean_when_emptied(fs: Filesystem) -> None:
+    d = fs.namespace.mkdir(ROOT_INODE, b"d", 0o755, SELF)
+    fs.namespace.create_file(d.id, b"a", 0o644, SELF)
+    fs.states.begin_upload(d)
+    assert fs.states.finish_upload(d, d.generation, 0, "d/", "etag", None)
+    fs.namespace.unlink(d.id, b"a")
+    assert journal_state(fs, d)[0] is State.CLEAN  # its marker shows it
+
+
+def test_attribute_changes_give_a_directory_without_a_marker_its_marker_not_a_copy(
+    fs: Filesystem,
+) -> None:
+    d = fs.namespace.mkdir(ROOT_INODE, b"d", 0o755, SELF)
+    fs.namespace.create_file(d.id, b"f", 0o644, SELF)
+    drained_without_marker(fs, d)
+    trio.run(fs.namespace.setattr, d.id, AttrChange(mtime_ns=12345, atime_ns=1))
+    assert journal_state(fs, d)[0] is State.CLEAN  # its mtime alone is not sent
+    trio.run(fs.namespace.setattr, d.id, AttrChange(mode=0o700))
+    assert journal_state(fs, d)[0] is State.DIRTY
+    assert fs.journal.store_ops() == []
+    x = fs.namespace.mkdir(ROOT_INODE, b"x", 0o755, SELF)
+    fs.namespace.create_file(x.id, b"f", 0o644, SELF)
+    drained_without_marker(fs, x)
+    trio.run(fs.namespace.setxattr, x.id, b"user.k", b"v")
+    assert journal_state(fs, x)[0] is State.DIRTY
+    assert fs.journal.store_ops() == []
+
+
+def test_a_chown_of_the_parent_or_a_rename_gives_a_directory_its_marker_where_needed(
+    fs: Filesystem,
+) -> None:
+    a = fs.namespace.mkdir(ROOT_INODE, b"a", 0o755, SELF)
+    b = fs.namespace.mkdir(ROOT_INODE, b"b", 0o755, SELF)
+    d = fs.namespace.mkdir(a.id, b"d", 0o755, SELF)
+    fs.namespace.create_file(d.id, b"f", 0o644, SELF)
+    fs.namespace.create_file(b.id, b"g", 0o644, SELF)
+    for x in (d, a, b):
+        drained_without_marker(fs, x)
+    fs.namespace.rename(a.id, b"d", b.id, b"d", 0)  # same owner: the listing shows it as is
+    assert journal_state(fs, d)[0] is State.CLEAN
+    assert journal_state(fs, a)[0] is State.DIRTY  # emptied by the rename: needs its marker
+    assert journal_state(fs, b)[0] is State.CLEAN
+    assert fs.journal.store_ops() == []  # nothing of d's own moves (f is not stored yet)
+    trio.run(fs.namespace.setattr, b.id, AttrChange(uid=SELF.uid + 1))
+    assert journal_state(fs, b)[0] is State.DIRTY  # its own owner is not its parent's now
+    assert journal_state(fs, d)[0] is State.DIRTY  # a listing would give d b's new owner
+
+
+def test_another_nodes_directory_without_a_marker_emptied_here_gets_one(fs: Filesystem) -> None:
+    r = listed(fs, ROOT_INODE, b"r", stat.S_IFDIR | 0o755, None)
+    listed(fs, r.id, b"x", stat.S_IFREG | 0o644, "r/x")
+    fs.namespace.unlink(r.id, b"x")
+    assert journal_state(fs, r) == (State.DIRTY, 2)
+    assert [(o.kind, o.src) for o in fs.journal.store_ops()] == [("delete", "r/x")]
