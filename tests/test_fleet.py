@@ -58,8 +58,10 @@ def test_a_fleet_behind_a_write_limit_loses_nothing_and_slows_down(
     port = free_port()
     gws = []
     for r in range(3):  # the first serves its metrics
-        metrics = {"metrics": {"listen": f"127.0.0.1:{port}"}} if r == 0 else {}
-        cfg = write_toml(tmp_path / f"c{r}.toml", {"drain": {"settle": 0.1}, **metrics})
+        table: dict[str, dict[str, object]] = {"drain": {"settle": 0.1}}
+        if r == 0:
+            table["metrics"] = {"listen": f"127.0.0.1:{port}"}
+        cfg = write_toml(tmp_path / f"c{r}.toml", table)
         gws.append(
             gateway(
                 f"gw{r}",
