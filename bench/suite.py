@@ -885,9 +885,9 @@ class Bench:
             )
         )
 
-    def journal(self) -> None:
-        say("\n## one node's journal: 10k and 1M entries (bench/journalscale.py)")
-        self.add(*journalscale.suite_rows(runs=self.runs, workdir=self.work))
+    def journal(self, sizes: tuple[int, ...]) -> None:
+        say(f"\n## one node's journal: {' and '.join(f'{n:,}' for n in sizes)} entries")
+        self.add(*journalscale.suite_rows(sizes, runs=self.runs, workdir=self.work))
 
     def fleet(self, plan: fleet.Plan) -> None:
         n = plan.gateways
@@ -1068,6 +1068,12 @@ def main() -> None:
     ap.add_argument("--fleet-kib", type=int, default=128, help="the fleet's file size (KiB)")
     ap.add_argument("--fleet-saves", type=int, default=2, help="saves per fleet (the first cold)")
     ap.add_argument(
+        "--journal-sizes",
+        default="10000,1000000",
+        help="journal entries of the journal section's cache dirs (the largest against the "
+        "smallest)",
+    )
+    ap.add_argument(
         "--floor-hp",
         default="",
         help="libfuse's passthrough_hp for the floor section (default: the one make floor-tools "
@@ -1190,7 +1196,8 @@ def main() -> None:
                 (path, first, functools.partial(Bench.expect, size=args.expect_mib << 20))
             )
         if "journal" in only and path == paths[0]:  # the journal's: one data path is enough
-            sections.append((path, first, Bench.journal))
+            sizes = tuple(int(x) for x in args.journal_sizes.split(","))
+            sections.append((path, first, functools.partial(Bench.journal, sizes=sizes)))
         if "fleet" in only and path == paths[0]:  # the drain's: one data path is enough
             for spec in args.fleet.split(","):
                 n, files, rate = spec.split(":")
@@ -1242,6 +1249,8 @@ def report(
             "runs": args.runs,
             "paths": sorted({r.path for r in rows}),
             "part_workers": args.part_workers or "the gateway's default",
+            "fleet": args.fleet,
+            "journal_sizes": args.journal_sizes,
         },
         "rows": [asdict(r) | {"ratio": r.ratio, "target": r.target} for r in rows],
         "samples": samples,

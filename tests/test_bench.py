@@ -80,6 +80,8 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
             "16",
             "--expect-mib",
             "16",
+            "--only",  # fleet and journal: test_bench_fleet_and_journal_sections
+            "save,restore,files,floor,writers,drain,nfs,overwrite,expect",
             "--runs",
             "1",
             "--paths",
@@ -168,3 +170,51 @@ def test_bench_suite_measures_every_comparison(tmp_path: Path) -> None:
     assert "gateway / limit measured in this run" in stdout
     assert str(tmp_path) not in Path("/proc/self/mounts").read_text()
     assert not list(tmp_path.glob("ckptgw-bench-*")), "the work dir was not removed"
+
+
+def test_bench_fleet_and_journal_sections(tmp_path: Path) -> None:
+    """The fleet (real gateways behind the rate-limiting proxy) and one node's journal at
+    scale, shrunk: 2 gateways saving 4 files at 20 writes a second, 500 and 2,000 entries."""
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "bench.suite", "--only", "fleet,journal",
+            "--fleet", "2:4:20", "--fleet-kib", "16", "--journal-sizes", "500,2000",
+            "--runs", "1", "--paths", ONE_PATH, "--workdir", str(tmp_path),
+            "--out", str(tmp_path / "out"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=280)
+    finally:
+        leave_nothing_behind(proc, tmp_path)
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    doc = json.loads((tmp_path / "out/suite.json").read_text())
+    rows = {(r["metric"], r["x"]): r for r in doc["rows"]}
+    fleet = {
+        "fleet durable (first save)", "fleet refused (first save)", "fleet durable (learned)",
+        "fleet refused (learned)", "fleet restore", "fleet restore refused", "fleet lost",
+        "unpaced fleet durable", "unpaced fleet refused",
+    }  # fmt: skip
+    journal = {
+        "journal: create", "journal: status", "journal: status --json", "journal: pending",
+        "journal: mount", "journal: remount after kill -9", "journal: ls -l 10k files",
+        "journal: RSS", "journal: peak RSS", "journal: status (limit)",
+    }  # fmt: skip
+    want = {(m, "2 gateways") for m in fleet}
+    want |= {(m, f"2k {kind}") for m in journal for kind in ("clean", "remote")}
+    assert set(rows) == want
+    assert rows[("fleet lost", "2 gateways")]["gateway"] == 0  # every object byte-exact
+    assert rows[("fleet lost", "2 gateways")]["base"] == 2 * (2 * 4 + 1) + 2 * 4 + 2
+    for metric in ("fleet durable (first save)", "fleet restore", "unpaced fleet durable"):
+        r = rows[(metric, "2 gateways")]
+        assert r["base"] > 0 and r["gateway"] > 0, r  # a bound, and a time
+    for (metric, _), r in rows.items():
+        if metric.startswith("journal:"):
+            assert r["base"] > 0 and r["gateway"] > 0, r
+    assert doc["settings"]["fleet"] == "2:4:20"
+    assert str(tmp_path) not in Path("/proc/self/mounts").read_text()
