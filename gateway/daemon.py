@@ -333,10 +333,11 @@ async def _check_store(store: RetryingStore, cfg: Config, deadline: float) -> st
             return msg
 
 
-MOUNT_CHECK = RetryPolicy(attempts=3, base=0.2, cap=2.0)
+MOUNT_CHECK = RetryPolicy(attempts=3, base=0.2, cap=2.0, refusals=3)
 STORE_CHECKPOINTS_TTL = 60.0  # seconds the store's checkpoints shown by status are reused
 MOUNT_PATIENCE = 30.0  # seconds a mount waits for credentials or a network that may come
-LISTING = RetryPolicy(attempts=3, base=0.05, cap=1.0)  # on the path of a lookup: few tries
+# on the path of a lookup, which someone waits for: few tries, refusals as too many included
+LISTING = RetryPolicy(attempts=3, base=0.05, cap=1.0, refusals=3)
 
 
 async def _read_through(
