@@ -9,9 +9,10 @@ empty, as S3 answers a burst above a prefix's rate).
 Save (``saves`` rounds, the first on freshly mounted gateways that know nothing of the store,
 the later ones with what they learned): every gateway writes ``files`` files of ``size`` bytes
 into the same step directory at once (one writer per gateway, as one rank per node); rank 0
-adds the step's ``.metadata``. Measured from the start of the writes until every object is in
-the bucket (listed from moto directly, not through the proxy), against the **bound**: the
-write requests the proxy accepted divided by the write rate (no fleet can be durable sooner).
+adds the step's ``.metadata``. Measured from the start of the writes until every gateway says
+its files are durable (then checked in the bucket, listed from moto directly), against the
+**bound**: the write requests the proxy accepted divided by the write rate (no fleet can be
+durable sooner, but for the bucket's first second's worth).
 Also: the share of requests refused (reads and writes), and every object read back and
 compared with what was written (lost: missing or different).
 
@@ -132,19 +133,34 @@ def _together(jobs: list[Any]) -> None:
         raise errors[0]
 
 
-def _wait_listed(b: Bench, want: dict[str, bytes], timeout: float = 600) -> float:
-    """Until every key of ``want`` is in the bucket with its size (listed from moto, not
-    through the proxy); returns the time (perf_counter) it was first seen so."""
-    prefix = next(iter(want)).rsplit("/", 1)[0] + "/"
-    deadline = time.monotonic() + timeout
-    while True:
+def _wait_durable(b: Bench, gateways: list[Gateway], step: int, want: dict[str, bytes]) -> float:
+    """Until every gateway says its step directory is durable (a ``pending`` request on its
+    control socket, answered once nothing is pending: no polling, which would load the one
+    moto server the fleet shares), then until the bucket, listed from moto directly, holds
+    every key of ``want`` with its size; returns the time (perf_counter) of the last word."""
+    said: list[float] = []
+
+    def wait(gw: Gateway) -> Any:
+        mount = gw.control()  # here: it sets the environment for a moment, not thread-safe
+
+        def job() -> None:
+            while mount.request("pending", paths=[f"step_{step}"], wait=30)["count"]:
+                pass
+            said.append(time.perf_counter())
+
+        return job
+
+    _together([wait(gw) for gw in gateways])
+    prefix = f"{PREFIX}step_{step}/"
+    deadline = time.monotonic() + 120
+    while True:  # the gateways' word, checked
         have = b.keys(prefix)
         if all(have.get(k) == len(v) for k, v in want.items()):
-            return time.perf_counter()
+            return max(said)
         if time.monotonic() > deadline:
             missing = sorted(k for k in want if k not in have)
-            raise RuntimeError(f"not durable after {timeout} s: {len(missing)} missing")
-        time.sleep(0.1)
+            raise RuntimeError(f"the gateways said durable, the bucket lacks {len(missing)}")
+        time.sleep(0.5)
 
 
 def _lost(b: Bench, want: dict[str, bytes]) -> int:
@@ -186,7 +202,7 @@ def _save(
     t0 = time.perf_counter()
     _together([writer(rank, gw) for rank, gw in enumerate(gateways)])
     saved = time.perf_counter() - t0
-    durable = _wait_listed(b, want) - t0
+    durable = _wait_durable(b, gateways, step, want) - t0
     counts = _counts(limit)
     paces = [gw.status()["store_requests"]["pacing"]["writes"]["rate"] for gw in gateways]
     return {

@@ -17,6 +17,9 @@ copies), unlimited until the store first refuses one of its requests:
   last cut, flat near it, then faster above it, probing for more. The curve's clock runs only
   while requests are accepted (a gap of more than ``IDLE`` seconds does not count): idle time
   is no evidence that the store would take more, so the next save starts at the rate learned.
+* **Resume.** The first request after a quiet second resumes at the rate of the last cut, if
+  the rate grew beyond it: what it grew to while others were quiet says nothing of a fleet
+  that starts its next save at once.
 * **Jitter.** The time to grow back to the rate of the last cut is drawn for each cut
   (``K`` times 0.8 to 1.2), and each gap between two requests is drawn around ``1 / rate``
   (0.5 to 1.5 times), so the gateways of a fleet do not cut and grow in lock-step.
@@ -108,6 +111,8 @@ class Pace:
     async def turn(self) -> float:
         """Wait for this request's turn; returns its ticket (for :meth:`refusal`): the time
         it was sent."""
+        if self.rate is not None and not self._sent and not self._lock.locked():
+            self._resume()
         if self.rate is not None or self._lock.locked():
             start = self._clock()
             self.waiting += 1
@@ -126,6 +131,16 @@ class Pace:
         self._sent.append(now)
         self._trim(now)
         return now
+
+    def _resume(self) -> None:
+        """The first request after ``WINDOW`` seconds without any: what the rate grew to since
+        the last cut (while other gateways were done, say) says nothing of now, when a fleet
+        may start its next save at once. Resume at the rate of the last cut, on the curve's
+        plateau (CUBIC's K), and probe from there."""
+        assert self.rate is not None
+        if self.rate > self._peak:
+            self.rate = self._peak
+            self._grown = self._k
 
     def accepted(self) -> None:
         """The store answered a request (not a refusal): the rate grows along the curve."""

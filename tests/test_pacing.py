@@ -221,3 +221,26 @@ def test_a_fleet_learns_its_share_of_the_rate() -> None:
     bound = paced_ok / 50.0
     assert paced_refused < blind_refused / 2
     assert paced_time < min(blind_time, 1.6 * bound)  # the fake clock's seconds
+
+
+def test_after_a_quiet_second_the_rate_resumes_at_the_last_cut() -> None:
+    """What the rate grew to while the store took everything (others were done) is not
+    carried into the next save: it resumes at the rate of the last cut, then probes."""
+
+    async def main() -> None:
+        p = pace()
+        for _ in range(10):
+            await p.turn()
+        p.refusal(trio.current_time())
+        for _ in range(200):  # accepted for 10 s: far beyond the last cut's rate
+            await trio.sleep(0.05)
+            p.accepted()
+        assert p.rate is not None and p.rate > 100
+        await trio.sleep(30)  # the save is over
+        await p.turn()
+        assert p.rate == pytest.approx(10.0)  # the rate at the last cut
+        await trio.sleep(0.05)
+        p.accepted()
+        assert p.rate == pytest.approx(10.0, rel=0.01)  # on the plateau, then probing
+
+    run(main)
