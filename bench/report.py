@@ -46,7 +46,8 @@ HEADLINE = (
      "write + fsync (NFSv4/floor)", "8x256 MiB"),
     ("16 gateways saving one step behind a write limit, after the first save",
      "fleet durable (learned)", "16 gateways"),
-    ("... the share of their requests refused", "fleet refused (learned)", "16 gateways"),
+    ("the share of those gateways' requests the store refused", "fleet refused (learned)",
+     "16 gateways"),
 )  # fmt: skip
 
 # The row's identity within a machine's results: a later run's row with the same one replaces it.
