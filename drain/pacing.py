@@ -111,6 +111,7 @@ class Pace:
     async def turn(self) -> float:
         """Wait for this request's turn; returns its ticket (for :meth:`refusal`): the time
         it was sent."""
+        self._trim(self._clock())
         if self.rate is not None and not self._sent and not self._lock.locked():
             self._resume()
         if self.rate is not None or self._lock.locked():

@@ -349,6 +349,9 @@ class Prefetcher:
                     if job.origin == OPENED and self.pushback():
                         fetches.release_on_behalf_of(slot)
                         job.held = len(todo) - started
+                        for held, _ in todo[started:]:  # no longer planned: a lookup of one
+                            self._unpin(held)  # does not start its fetch
+                        started = len(todo)
                         log.info(
                             "warm-up of %s: the store refuses reads as too many: %d files are "
                             "fetched when read instead",

@@ -54,6 +54,7 @@ ABORT_TIMEOUT = 30.0  # seconds an abort of a failed multipart copy may take, ca
 class RetryPolicy:
     attempts: int = 8
     refusals: int = 32  # refusals as too many, retried in the pace's turns (drain.pacing)
+    refusal_seconds: float = 30.0  # ... within this long from the call's first attempt
     base: float = 0.1  # seconds before the first retry (before jitter)
     cap: float = 20.0  # the longest single wait
 
@@ -121,8 +122,10 @@ async def retrying(
     """Run ``call`` until it succeeds, fails permanently or runs out of attempts; each
     attempt in its turn of ``pace``, if given. While that pace adapts, a refusal as too many
     is retried in its next turn, with no backoff of its own, up to ``policy.refusals`` times
-    (other failures up to ``policy.attempts``)."""
+    and ``policy.refusal_seconds`` from the first attempt (a reader waits for it); other
+    failures up to ``policy.attempts``."""
     attempt = refusals = 0
+    started = trio.current_time()
     while True:
         ticket = 0.0 if pace is None else await pace.turn()
         try:
@@ -131,7 +134,8 @@ async def retrying(
             paced = pace is not None and _answered(pace, ticket, e)
             if paced:
                 refusals += 1
-                tries, allowed = refusals, policy.refusals
+                late = trio.current_time() - started >= policy.refusal_seconds
+                tries, allowed = refusals, refusals if late else policy.refusals
             else:
                 attempt += 1
                 tries, allowed = attempt, policy.attempts

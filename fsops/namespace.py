@@ -390,8 +390,11 @@ class Namespace:
             again = changed and self._attrs_changed(ino)
             if ino.is_dir and (ino.uid, ino.gid) != before[1:3]:
                 # What a listing gives the directories in it without a marker: its owner.
+                # Only this node's own: another node's directory listed here (remote) may
+                # have a marker not read yet, which a PUT from here would overwrite.
                 for sub in self.journal.subdirs(ino.id):
-                    self._keep_shown(sub)
+                    if sub.state is State.CLEAN:
+                        self._keep_shown(sub)
         if again:
             await self._send_again(ino)
         if change.size is not None and ino.writers == 0:

@@ -129,11 +129,15 @@ class RateLimit:
             return False
 
     def reset(self) -> None:
-        """Full buckets and no counts (between two rounds of a benchmark)."""
+        """Full buckets and no counts (between two rounds of a benchmark), under the lock
+        the proxy's threads take."""
         with self._lock:
+            now = time.monotonic()
             for kind in ("reads", "writes"):
                 self.accepted[kind] = self.refused[kind] = 0
-            self.__post_init__()
+                rate = self.writes if kind == "writes" else self.reads
+                self._tokens[kind] = rate * self.burst
+                self._at[kind] = now
 
 
 def _read_head(sock: socket.socket, buf: bytearray) -> bytes | None:

@@ -157,6 +157,12 @@ def test_retrying_waits_its_turn_and_retries_a_refusal_without_backoff() -> None
             await retrying("put k", call, RetryPolicy(refusals=5), stats, pace=p)
         assert p.refused == 17  # refusals have their own bound
 
+        answers[:] = [slowdown() for _ in range(40)]
+        start = trio.current_time()
+        with pytest.raises(StoreError):  # ... and a time bound: a reader waits for it
+            await retrying("get k", call, RetryPolicy(refusal_seconds=10), stats, pace=p)
+        assert 10 <= trio.current_time() - start < 20 and p.refused < 17 + 32
+
     run(main)
 
 
@@ -233,9 +239,10 @@ def test_after_a_quiet_second_the_rate_resumes_at_the_last_cut() -> None:
             await p.turn()
         p.refusal(trio.current_time())
         for _ in range(200):  # accepted for 10 s: far beyond the last cut's rate
-            await trio.sleep(0.05)
+            await p.turn()  # as retrying() asks for each attempt
+            await trio.sleep(0.01)
             p.accepted()
-        assert p.rate is not None and p.rate > 100
+        assert p.rate is not None and p.rate > 5 * 10
         await trio.sleep(30)  # the save is over
         await p.turn()
         assert p.rate == pytest.approx(10.0)  # the rate at the last cut
