@@ -249,15 +249,20 @@ class Operations(pyfuse3.Operations):
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         ino = self.table.get(inode)
-        if ino.state is State.REMOTE:
+        remote = ino.state is State.REMOTE
+        if remote:
             await self.remote.prepare_open(ino, flags)
-        return self._file_info(*await self.files.open(ino, flags), flags)
+        return self._file_info(*await self.files.open(ino, flags), flags, keep_cache=not remote)
 
-    def _file_info(self, fh: int, backing_id: int, flags: int) -> pyfuse3.FileInfo:
+    def _file_info(
+        self, fh: int, backing_id: int, flags: int, *, keep_cache: bool = True
+    ) -> pyfuse3.FileInfo:
         if not backing_id:
             # An inode's content only changes through this mount (a rewrite from elsewhere
-            # gets a new inode): the kernel may keep its pages.
-            return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+            # gets a new inode): the kernel may keep its pages. Not those of a file that was
+            # remote at open: they can only be from a fetch that did not complete or failed
+            # its checksum (a read returns its bytes before the file is verified whole).
+            return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
         # The kernel reads and writes the cache file (fsops.passthrough).
         info = pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=backing_id)
         if self.files.path.flush_skipped((flags & os.O_ACCMODE) != os.O_RDONLY):

@@ -224,7 +224,10 @@ def test_expect_is_asked_while_the_endpoint_answers_it_and_dropped_when_it_does_
             assert await store.get("small.pt") == b"x" * 5000
             assert await store.get("big.pt") == b"".join(parts)
             assert proxy.expected == [f"/{bucket}/small.pt"]  # asked once, never again
-            assert outcomes(proxy, "small.pt") == ["no-100", "gone", "ok", "ok"]  # PUT, GET
+            # the PUT left without its 100, its body never sent ("gone": logged by the proxy's
+            # thread of that connection whenever it sees it closed), the PUT again, the GET
+            seen = outcomes(proxy, "small.pt")
+            assert seen[0] == "no-100" and sorted(seen[1:]) == ["gone", "ok", "ok"], seen
             view = store.requests_view()
             assert view["expect_continue"] is False
             assert view["no_continue"] == (
