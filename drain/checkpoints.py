@@ -227,16 +227,14 @@ class Recognizer:
     ) -> list[CheckpointView]:
         """Checkpoints, newest first (by their latest write, then by step)."""
         out: dict[str, CheckpointView] = {}
+
+        def view(path: str, step: int | None) -> CheckpointView:
+            if path not in out:
+                out[path] = CheckpointView(path, step)
+            return out[path]
+
         for f in files:
-            path, step = self.locate(f.path)
-            view = out.get(path)
-            if view is None:
-                view = out[path] = CheckpointView(path, step)
-            view.files.append(f)
+            view(*self.locate(f.path)).files.append(f)
         for t in totals:
-            path, step = self.locate_directory(t.path)
-            view = out.get(path)
-            if view is None:
-                view = out[path] = CheckpointView(path, step)
-            view.totals.append(t)
+            view(*self.locate_directory(t.path)).totals.append(t)
         return sorted(out.values(), key=lambda c: (c.mtime, c.step or 0), reverse=True)

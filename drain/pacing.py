@@ -99,7 +99,6 @@ class Pace:
         self._grown = 0.0  # seconds of growth since the last cut
         self._last_ok = -math.inf
         self._sent: collections.deque[float] = collections.deque()  # the last WINDOW
-        self._accepted: collections.deque[float] = collections.deque()  # the last WINDOW
         self._refused: collections.deque[float] = collections.deque()  # the last MINUTE
         self.sent = 0
         self.refused = 0
@@ -111,7 +110,7 @@ class Pace:
     async def turn(self) -> float:
         """Wait for this request's turn; returns its ticket (for :meth:`refusal`): the time
         it was sent."""
-        self._trim(self._clock())
+        self._trim(self._clock())  # what was sent a WINDOW ago is out: quiet, or not
         if self.rate is not None and not self._sent and not self._lock.locked():
             self._resume()
         if self.rate is not None or self._lock.locked():
@@ -130,7 +129,6 @@ class Pace:
         self.sent += 1
         now = self._clock()
         self._sent.append(now)
-        self._trim(now)
         return now
 
     def _resume(self) -> None:
@@ -146,8 +144,6 @@ class Pace:
     def accepted(self) -> None:
         """The store answered a request (not a refusal): the rate grows along the curve."""
         now = self._clock()
-        self._accepted.append(now)
-        self._trim(now)
         if self.rate is None:
             self._last_ok = now
             return
@@ -188,8 +184,6 @@ class Pace:
     def _trim(self, now: float) -> None:
         while self._sent and self._sent[0] <= now - WINDOW:
             self._sent.popleft()
-        while self._accepted and self._accepted[0] <= now - WINDOW:
-            self._accepted.popleft()
         while self._refused and self._refused[0] <= now - MINUTE:
             self._refused.popleft()
 

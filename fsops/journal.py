@@ -798,21 +798,11 @@ class Journal:
             row = self.lookup(row.id, name.encode())
         return row
 
-    def files_under(
-        self, inode: int, *, dirs: bool = False, maybe_pending: bool = False
-    ) -> list[tuple[InodeRow, str]]:
+    def files_under(self, inode: int, *, dirs: bool = False) -> list[tuple[InodeRow, str]]:
         """Every entry below a directory but directories (regular files, symlinks, special
-        files; with ``dirs``, directories too), with its path relative to it ("a/b"). With
-        ``maybe_pending``, only those that may not be durable: dirty or uploading, or stored
-        under a key a pending store operation touches (drain.engine.DrainEngine.durability);
-        a `pending` of a large checkpoint then builds rows only for what is left to drain."""
+        files; with ``dirs``, directories too), with its path relative to it ("a/b"). Those
+        that may not be durable, of the whole journal: :meth:`maybe_pending`."""
         cols = ", ".join(f"i.{c.strip()}" for c in _INODE_COLS.split(","))
-        pending = (
-            f""" AND (i.state IN ('{State.DIRTY}', '{State.UPLOADING}') OR i.stored_key IN (
-                SELECT src FROM store_ops UNION SELECT dst FROM store_ops))"""
-            if maybe_pending
-            else ""
-        )
         rows = self.db.execute(
             f"""
             WITH RECURSIVE sub(id, rel) AS (
@@ -822,7 +812,7 @@ class Journal:
                   FROM inodes i JOIN sub ON i.parent = sub.id
             )
             SELECT {cols}, sub.rel FROM sub JOIN inodes i ON i.id = sub.id
-             WHERE (? OR (i.mode & {stat.S_IFMT(0xFFFFFFFF)}) != {stat.S_IFDIR}){pending}
+             WHERE (? OR (i.mode & {stat.S_IFMT(0xFFFFFFFF)}) != {stat.S_IFDIR})
             """,
             (inode, dirs),
         ).fetchall()
@@ -932,8 +922,9 @@ class Journal:
 
     def maybe_pending(self) -> list[InodeRow]:
         """Named entries of every kind that may not be durable: dirty or uploading, or stored
-        under a key that a pending store operation reads or writes. Read through indexes: as
-        many rows as there are such entries, however many the journal holds."""
+        under a key that a pending store operation reads or writes (every entry that
+        drain.engine.DrainEngine.durability does not call durable is one). Read through
+        indexes: as many rows as there are such entries, however many the journal holds."""
         rows = self.db.execute(
             f"SELECT {_INODE_COLS} FROM inodes WHERE {_NOT_DURABLE} AND {_NAMED}"
         ).fetchall()

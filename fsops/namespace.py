@@ -434,9 +434,13 @@ class Namespace:
             or d.state not in (State.CLEAN, State.REMOTE)
         ):
             return  # the root, an orphan, a marker kept, or its upload takes it as it is
-        if (emptied and not self.journal.has_children(d.id)) or not shown_without_marker(
-            self.journal, d
-        ):
+        # An entry leaving changes only whether it is empty (an unlink of every file of a
+        # checkpoint asks no more than that); its own change, whether a listing shows it so.
+        if emptied:
+            needed = not self.journal.has_children(d.id)
+        else:
+            needed = not shown_without_marker(self.journal, d)
+        if needed:
             self.states.marker_needed(d)
 
     async def _send_again(self, ino: Inode) -> None:

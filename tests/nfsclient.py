@@ -16,6 +16,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from tests.s3server import stop
+
 SOURCE = Path(__file__).parent / "nfs" / "client.c"
 NFS_PACKAGES = "apt-get install nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-dev"
 
@@ -100,12 +102,7 @@ def plain_ganesha(
             time.sleep(0.1)
         yield
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 30)
 
 
 def serve_nfs(

@@ -20,6 +20,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM a server, and SIGKILL it if it has not exited within ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def moto_server(env: dict[str, str] | None = None) -> Iterator[str]:
     """Start ``moto_server`` on a free port; yields its endpoint URL; always stops it."""
@@ -44,9 +54,4 @@ def moto_server(env: dict[str, str] | None = None) -> Iterator[str]:
                 time.sleep(0.1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 10)
