@@ -103,7 +103,7 @@ class Reporter:
     ) -> list[tuple[InodeRow, FileView]]:
         """Every entry at or below ``path`` but directories (with ``dirs``: and directories,
         whose markers the store keeps too), with its durability; with ``maybe_pending``, at
-        least those not durable (Journal.files_under)."""
+        least those not durable (Journal.maybe_pending)."""
         row = self.fs.journal.resolve(path)
         if row is None:
             raise PathError(f"{self.mountpoint / path}: no such file or directory")
