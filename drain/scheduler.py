@@ -21,11 +21,15 @@ Rules:
 * ``flush`` makes files due now, ahead of all others, and retries failed ones at once. The
   emergency drain (SIGTERM, preemption) flushes everything, newest file first, with up to
   ``max_parts`` uploads at once, and keeps skipping the settle delay for later files.
-* No wake-up is lost: at idle moments (no upload running, nothing due; at most once a
-  second, less often while they find nothing) the worker's dirty files are compared with what
-  is queued (:meth:`Scheduler.audit`).
-  A file that is dirty and quiet (no writer, no fsync) yet neither queued nor uploading, at
-  two such moments in a row, is a bug: it is logged as an error and queued at once.
+* Every file in ``_due`` has a current entry in the start queue: both change together in
+  :meth:`Scheduler._set_due` and nowhere else (a flush that makes a file urgent queues it
+  anew there; urgency is part of the entry).
+* No wake-up is lost, and the audit is the net under that, not the mechanism: whenever
+  nothing is due now (at most once a second, less often while audits find nothing, but at
+  least every AUDIT_SPACING_DIRTY seconds while any file is dirty) the worker's dirty files
+  are compared with what is uploading and queued (:meth:`Scheduler.audit`). A file that is
+  dirty and quiet (no writer, no fsync) yet neither, at two audits in a row, is a bug: it is
+  logged as an error (``bug: ...``; the tests fail on it) and queued at once.
 """
 
 from __future__ import annotations
@@ -51,10 +55,12 @@ SMALL_FILE = 4 << 20  # up to this size a file takes the small files' lane
 # With one lane full, due files are looked at for the other lane up to this many: a burst of
 # thousands of small files does not cost a look at each of them every time one ends.
 SCAN = 32
-# Seconds between two audits (an audit reads every dirty file): at least AUDIT_SPACING,
-# doubled after each that finds nothing, up to AUDIT_SPACING_MAX (a store down for long
-# leaves many dirty files, and every save wakes the loop).
+# Seconds between two audits (an audit reads every dirty file): AUDIT_SPACING after one that
+# found a suspect, doubled after each that finds nothing, up to AUDIT_SPACING_DIRTY while any
+# file is dirty (a lost file is found within seconds, at two audits in a row) and up to
+# AUDIT_SPACING_MAX while none is (nothing to lose).
 AUDIT_SPACING = 1.0
+AUDIT_SPACING_DIRTY = 4.0
 AUDIT_SPACING_MAX = 60.0
 
 
@@ -176,7 +182,12 @@ class Scheduler:
 
     # -- DrainEvents: what the filesystem reports (trio thread, never blocks) -----------------
 
-    def _set_due(self, inode: int, due: float) -> None:
+    def _set_due(self, inode: int, due: float, *, urgent: bool = False) -> None:
+        """The one place a file is queued: ``_due`` and its entry in ``_queue`` change
+        together (an entry is current while both say the same due time and urgency), so an
+        inode in ``_due`` always has a current entry (:meth:`_unqueued` checks it)."""
+        if urgent:
+            self._urgent.add(inode)
         self._due[inode] = due
         heapq.heappush(self._queue, (inode not in self._urgent, due, next(self._seq), inode))
         heapq.heappush(self._times, (due, inode))
@@ -221,17 +232,22 @@ class Scheduler:
     # -- what operators ask for ------------------------------------------------------------------
 
     def flush(self, inodes: Iterable[int] | None = None) -> None:
-        """Drain these files (every dirty file if None) now, before the others."""
+        """Drain these files (every dirty file of the journal if None) now, before the
+        others. A file whose upload runs keeps it; if it was reported quiet again meanwhile,
+        its next round is due now, first. Any file may be named: one the scheduler holds
+        nothing for (no report reached it) is queued too."""
         if inodes is None:
             if self._worker is None:
                 self._flush_all = True  # before run(): the dirty files are not known yet
             inodes = list(self._due) if self._worker is None else self._worker.dirty()
         now = trio.current_time()
         for inode in inodes:
-            self._urgent.add(inode)
             self._failures.pop(inode, None)
-            if inode not in self._running:
-                self._set_due(inode, min(self._due.get(inode, now), now))
+            due = self._due.get(inode)
+            if inode in self._running and due is None:
+                self._urgent.add(inode)  # no queue entry to renew: its next one is urgent
+            else:
+                self._set_due(inode, now if due is None else min(due, now), urgent=True)
         self.store_ops_added()  # failed store operations are retried at once too
 
     def start_emergency(self, reason: str) -> None:
@@ -280,13 +296,12 @@ class Scheduler:
                 now = trio.current_time()
                 hold = self._hold_until if self._hold_until > -math.inf else math.inf
                 wake = min(self._next_due(now), hold)
-                if not self._running and wake > now and now - self._audited >= self._audit_spacing:
+                if wake > now and now - self._audited >= self._audit_spacing:
                     self._audited = now
                     if self.audit(worker):
                         continue  # queued: start them now
-                delay = max(0.01, min(wake - now, 60.0))
-                if self._suspects:  # confirm or clear them soon
-                    delay = min(delay, AUDIT_SPACING)
+                audit = self._audited + self._audit_spacing
+                delay = max(0.01, min(wake - now, audit - now, AUDIT_SPACING_MAX))
                 self._sleep_until = trio.current_time() + delay
                 with trio.move_on_after(delay):
                     await self._wake.wait()
@@ -296,15 +311,16 @@ class Scheduler:
         """Compare the worker's dirty files with the queue; returns the files found lost.
 
         A dirty file that no writer or fsync holds (:meth:`Worker.look` says Ready) must be
-        due or uploading: its last release, fsync, truncate or rename reported it. One that
-        is neither, here and at the previous audit too (a report may be a moment away, e.g.
-        an open that creates a file awaits before its handle exists), was lost: a bug,
-        logged as an error, and the file is queued now so its data still drains."""
+        uploading or have a current entry in the queue (:meth:`_unqueued`): its last release,
+        fsync, truncate or rename reported it. One that is neither, here and at the previous
+        audit too (a report may be a moment away, e.g. an open that creates a file awaits
+        before its handle exists), was lost: a bug, logged as an error, and the file is
+        queued now so its data still drains."""
         lost = []
         suspects = set()
-        for inode in worker.dirty():
-            if inode in self._due or inode in self._running:
-                continue
+        dirty = worker.dirty()
+        unqueued = self._unqueued(dirty)
+        for inode in unqueued:
             if not isinstance(worker.look(inode), Ready):
                 continue  # written, fsynced or gone: that report comes
             if inode not in self._suspects:
@@ -321,8 +337,19 @@ class Scheduler:
         if suspects or lost:
             self._audit_spacing = AUDIT_SPACING
         else:
-            self._audit_spacing = min(AUDIT_SPACING_MAX, 2 * self._audit_spacing)
+            most = AUDIT_SPACING_DIRTY if dirty else AUDIT_SPACING_MAX
+            self._audit_spacing = min(most, 2 * self._audit_spacing)
         return lost
+
+    def _unqueued(self, inodes: Iterable[int]) -> list[int]:
+        """Those of ``inodes`` that are neither uploading nor in the queue with a current
+        entry (what :meth:`_candidates` would start)."""
+        queued = {
+            inode
+            for not_urgent, due, _, inode in self._queue
+            if self._due.get(inode) == due and (inode not in self._urgent) == not_urgent
+        }
+        return [i for i in inodes if i not in self._running and i not in queued]
 
     def _next_due(self, now: float) -> float:
         """When a file becomes due next. Files due already and not started (their lane or

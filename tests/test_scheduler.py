@@ -12,7 +12,14 @@ import pytest
 import trio
 import trio.testing
 
-from ckptgw.drain.scheduler import SMALL_FILE, Hold, Ready, ScheduleConfig, Scheduler
+from ckptgw.drain.scheduler import (
+    AUDIT_SPACING_DIRTY,
+    SMALL_FILE,
+    Hold,
+    Ready,
+    ScheduleConfig,
+    Scheduler,
+)
 from ckptgw.drain.store import StoreError
 
 SETTLE = 0.2
@@ -626,11 +633,11 @@ def test_a_file_reported_between_two_audits_is_no_lost_wakeup() -> None:
     it is still under way): only one unqueued at two audits in a row counts."""
 
     async def test(s: Scheduler, w: FakeWorker) -> None:
-        await trio.sleep(2.5)  # past the start's own audit, and the spacing it set (2 s)
+        await trio.sleep(2.5)  # past the start's own audit
         w.files[1] = FakeFile("late")
-        s.wake()  # an idle moment: the audit sees it unqueued
-        await trio.sleep(0.5)
-        assert s._suspects == {1}
+        while not s._suspects:  # the next audit sees it unqueued (within seconds)
+            await trio.sleep(0.1)
+        assert s._suspects == {1} and trio.current_time() < 2.5 + AUDIT_SPACING_DIRTY
         s.written(1)
         await trio.sleep(5)
         assert starts(w, 1) and s.lost_wakeups == 0
