@@ -194,7 +194,17 @@ class Scheduler:
         if due < self._sleep_until or inode in self._urgent or self.emergency is not None:
             self._wake.set()  # otherwise the loop wakes up in time by itself
 
+    def _activity(self) -> None:
+        """A file changed: something may be dirty now, so the next audit comes within
+        AUDIT_SPACING_DIRTY seconds, however long the audits found nothing before (a
+        report lost after a quiet hour is found within seconds too)."""
+        if self._audit_spacing > AUDIT_SPACING_DIRTY:
+            self._audit_spacing = AUDIT_SPACING_DIRTY
+            if self._audited + AUDIT_SPACING_DIRTY < self._sleep_until:
+                self._wake.set()
+
     def written(self, inode: int) -> None:
+        self._activity()
         self.dirty_since.setdefault(inode, time.time())
         if inode != self._last_inode:
             self._others_written, self._last_inode = self._last_written, inode
@@ -203,6 +213,7 @@ class Scheduler:
         self._set_due(inode, now if self._excused else now + self.config.settle)
 
     def changed(self, inode: int) -> None:
+        self._activity()
         self._renamed.discard(inode)  # unlinked, or changing again
         run = self._running.get(inode)
         if run is not None:

@@ -12,6 +12,7 @@ needs a FUSE mount or an S3 server without each test having to say so.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -70,6 +71,35 @@ class CheckedGateway(Gateway):
             if in_problem:  # the record and its traceback, so the failure shows the cause
                 problems.append(line)
         return problems
+
+
+class _BugLines(logging.Handler):
+    """Collects the ``bug: ...`` ERROR records of ckptgw's own loggers."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("bug:"):
+            self.lines.append(f"{record.name}: {message}")
+
+
+@pytest.fixture(autouse=True)
+def no_bug_lines(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail any test in whose process ckptgw logged a ``bug:`` line (a state refused, a lost
+    wake-up the audit found, ...), unless it is marked ``bug_expected``: the code provokes
+    it on purpose and checks the line itself. Daemons' logs are checked by ``gateway``."""
+    handler = _BugLines()
+    logger = logging.getLogger("ckptgw")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    if handler.lines and request.node.get_closest_marker("bug_expected") is None:
+        pytest.fail("ckptgw logged a bug:\n" + "\n".join(handler.lines), pytrace=False)
 
 
 def errno_of(fn: object, *args: object) -> int:

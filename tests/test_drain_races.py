@@ -28,7 +28,7 @@ from ckptgw.drain.fetch import FetchConfig, Fetcher
 from ckptgw.drain.filestore import FileStore
 from ckptgw.drain.listing import ListingConfig, Listings
 from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
-from ckptgw.drain.scheduler import Scheduler
+from ckptgw.drain.scheduler import Hold, Scheduler
 from ckptgw.drain.store import Body, Listing, ObjectInfo, Store, Upload
 from ckptgw.drain.storeurl import parse_store_url
 from ckptgw.drain.upload import META_CHECKSUM, UploadConfig
@@ -221,18 +221,31 @@ def test_a_rewrite_in_place_while_the_upload_starts_is_stored_right(tmp_path: Pa
     run(test)
 
 
+def assert_queued_or_uploading(n: Node) -> None:
+    """Every dirty, quiet entry of the journal (no writer, no fsync) is uploading or has a
+    current entry in the scheduler's queue (issue 47's invariant)."""
+    s = n.engine.scheduler
+    quiet = [i for i in n.fs.journal.dirty_files() if n.engine.look(i) not in HELD]
+    assert not s._unqueued(quiet), f"dirty and quiet but not queued: {s._unqueued(quiet)}"
+
+
+HELD = (Hold.WRITING, Hold.SYNCING)
+
+
 @pytest.mark.parametrize(
     "gate",
     ["before_create", "create_multipart", "later_parts", "complete", "put"],
     ids=["creating", "created", "parts", "completing", "single-put"],
 )
 @pytest.mark.parametrize("how", [os.O_TRUNC, 0], ids=["o_trunc", "in-place"])
+@pytest.mark.parametrize("flush", [False, True], ids=["", "flushed"])
 def test_a_rewrite_at_any_step_of_the_upload_is_queued_again_and_stored(
-    tmp_path: Path, gate: str, how: int
+    tmp_path: Path, gate: str, how: int, flush: bool
 ) -> None:
     """No lost wake-up: the file is rewritten (and fsynced, closed) while its upload is held
-    at each of its steps in turn; the new version is uploaded once the held step ends, and
-    the scheduler never loses it (``node`` checks its audit found nothing)."""
+    at each of its steps in turn, and maybe flushed then (``ckptgw flush``/``wait``: issue
+    47); the new version is uploaded once the held step ends, the file is uploading or
+    queued at every step, and the scheduler's audit never finds it lost (``node``)."""
     size = 1 * MiB if gate == "put" else 12 * MiB
     old, new = os.urandom(size), os.urandom(size)
 
@@ -242,7 +255,14 @@ def test_a_rewrite_at_any_step_of_the_upload_is_queued_again_and_stored(
             await n.store.entered(gate).wait()
             assert n.fs.table.get(inode).state is State.UPLOADING
             await n.write(ROOT_INODE, b"latest.pt", new, how)
+            assert_queued_or_uploading(n)
+            if flush:
+                n.engine.flush([inode])
+                assert_queued_or_uploading(n)
             n.store.open(gate)
+            for _ in range(100):  # through the abort and the new upload's start
+                await trio.sleep(0.005)
+                assert_queued_or_uploading(n)
             await n.drained()
             assert (await n.stored("latest.pt"))[0] == new
             assert n.fs.table.get(inode).state is State.CLEAN

@@ -152,6 +152,7 @@ def test_every_transition_goes_where_it_says_and_is_journaled(fs: Filesystem, t:
 MOVES = sorted({t.method for t in TRANSITIONS if t.src is not None} - {"abandon_upload"})
 
 
+@pytest.mark.bug_expected
 @pytest.mark.parametrize("method", MOVES)
 @pytest.mark.parametrize("state", list(State))
 def test_a_transition_from_a_state_it_does_not_start_from_is_refused_loudly(
@@ -192,6 +193,7 @@ def test_a_wait_for_the_next_change_ends_at_the_change_and_not_before() -> None:
     trio.run(main)
 
 
+@pytest.mark.bug_expected  # the abandon of a clean file, refused
 def test_finish_and_abandon_leave_a_file_that_changed_meanwhile_alone(fs: Filesystem) -> None:
     ino = new_file(fs, State.UPLOADING)
     trio.run(fs.states.mark_dirty, ino)  # a write during the upload
@@ -216,6 +218,7 @@ def test_a_write_during_the_upload_bumps_the_generation_and_tells_the_drain(
     assert ino.state is State.DIRTY
 
 
+@pytest.mark.bug_expected
 def test_finish_refuses_a_size_that_is_not_the_uploaded_one(
     fs: Filesystem, caplog: pytest.LogCaptureFixture
 ) -> None:
