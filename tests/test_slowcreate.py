@@ -48,7 +48,8 @@ def _body(s3_endpoint: str, bucket: str, key: str) -> bytes:
     import boto3
 
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
-    return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    body: bytes = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    return body
 
 
 def _keys(s3_endpoint: str, bucket: str) -> list[str]:
