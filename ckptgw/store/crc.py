@@ -11,9 +11,9 @@ import base64
 import zlib
 
 try:
-    # zlib-ng's CRC32: the same polynomial and values as zlib's, about 3.5x faster (carry-less
-    # multiply): 0.10 against 0.34-0.37 CPU s per GiB on the 2-core VM, where the drain
-    # checksums every byte it sends. It releases the GIL as zlib's does.
+    # zlib-ng's CRC32: the same polynomial and values as zlib's, several times faster
+    # (carry-less multiply; measured: docs/benchmarks.md), and the drain checksums every byte
+    # it sends. It releases the GIL as zlib's does.
     from zlib_ng.zlib_ng import crc32 as _crc32
 
     CRC32_IMPL = "zlib-ng"
