@@ -22,9 +22,9 @@ error. The TCP connect itself is aiohttp's (``connect``, its ``sock_connect``).
 What it costs: a watch is written only on the asyncio thread, by plain attribute stores (a
 body's progress is a time and a byte count per 1 MiB chunk, no call across threads). One
 sweeper per store looks at every request in flight each :data:`TICK` seconds (it runs only
-while there are some), so a request costs no timer of its own: a timer per request, re-armed
-at each phase change, cost 0.05 ms of a small PUT's 1.7 ms of client CPU. The deadlines are
-kept to within a tick. The trio side reads the watches when status asks
+while there are some), so a request costs no timer of its own (a timer per request, re-armed
+at each phase change, costs more: docs/benchmarks.md). The deadlines are kept to within a
+tick. The trio side reads the watches when status asks
 (:meth:`Watchdog.views`). :func:`judge` is the whole rule, a pure function of a watch and the
 time, tested alone.
 """
