@@ -405,6 +405,28 @@ def test_a_large_copy_in_parts_takes_the_new_metadata() -> None:
     run(go)
 
 
+def test_a_copy_in_parts_names_its_own_part_size_under_the_key_it_was_given() -> None:
+    """The store's CRC32 of a copy made part by part is of the copy's parts: the metadata key
+    that names an object's part size (handed in: the filesystem's) then names the copy's. A
+    copy in one request, or a store given no key, keeps the metadata as it is."""
+
+    async def go() -> None:
+        s = MemoryStore(copy_limit=4)
+        await s.put("src", b"0123456789", {"part-size": "5242880", "m": "1"})
+        rs = RetryingStore(s, POLICY, RetryStats(), part_size_key="part-size")
+        await rs.copy("src", "dst")
+        assert s.objects["dst"][1] == {"part-size": "4", "m": "1"}
+        await rs.with_policy(RetryPolicy(attempts=1)).copy("src", "dst2", {"part-size": "7"})
+        assert s.objects["dst2"][1] == {"part-size": "4"}
+        await wrapped(s).copy("src", "dst3")
+        assert s.objects["dst3"][1] == {"part-size": "5242880", "m": "1"}
+        s.copy_limit = None
+        await rs.copy("src", "dst4")
+        assert s.objects["dst4"][1] == {"part-size": "5242880", "m": "1"}
+
+    run(go)
+
+
 def test_a_large_copy_onto_itself_leaves_the_source_alone_until_complete() -> None:
     """An in-place metadata update above the copy limit: the parts are read from the object
     itself, which stays as it was (same data, metadata and ETag) until the upload completes,
