@@ -2,7 +2,7 @@
 that takes only so many requests a second.
 
 N gateways run on this machine, each a real mount with its own cache dir, all on one moto
-server behind the project's rate-limiting proxy (:class:`tests.faultproxy.RateLimit`: token
+server behind the project's rate-limiting proxy (:class:`ckptgw.store.faultproxy.RateLimit`: token
 buckets for writes and reads, one second's worth each, 503 SlowDown without Retry-After when
 empty, as S3 answers a burst above a prefix's rate).
 
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptgw.fsops.passthrough import DAEMON
 from ckptgw.gateway.harness import Gateway
-from tests.faultproxy import FaultProxy, RateLimit
+from ckptgw.store.faultproxy import FaultProxy, RateLimit
 
 if TYPE_CHECKING:
     from bench.suite import Bench

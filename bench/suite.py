@@ -204,7 +204,7 @@ class Bench:
             f"max_parts = {PARTS}\n"
             + (f"part_workers = {part_workers}\n" if part_workers is not None else "")
         )
-        # Part worker processes (drain.partpool): the gateway's default unless given; a
+        # Part worker processes (ckptgw.store.partpool): the gateway's default unless given; a
         # given count is named in each row's "at" column.
         self.workers = (
             ""

@@ -8,7 +8,7 @@ counted for the time since the poll before it). Target: 0 (ARCHITECTURE.md, inva
 
 Expect: the same file made durable through a proxy in front of the store that answers
 ``Expect: 100-continue``, and through one that ignores it, as some proxies, load balancers and
-S3-compatible servers do (``tests.faultproxy``): the gateway stops asking for it after its
+S3-compatible servers do (``ckptgw.store.faultproxy``): the gateway stops asking for it after its
 first request there waits a second. Each side has its own gateway for all its runs, so the
 rows are the steady state; what the first request cost is printed and kept in the samples.
 Target: at most 1.2x.
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.faultproxy import FaultProxy
+from ckptgw.store.faultproxy import FaultProxy
 
 if TYPE_CHECKING:
     from bench.suite import Bench

@@ -1,1 +1,2 @@
-"""Object stores and moving data to them (the drain engine arrives with the drain issue)."""
+"""Above the store: the upload engine (when a file goes and how), the read path (the shared
+namespace, fetches and warm-ups) and retention."""

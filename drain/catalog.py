@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import trio
 
 from ckptgw.drain.checkpoints import Recognizer
-from ckptgw.drain.store import ObjectInfo, Store, StoreError
 from ckptgw.fsops.names import RESERVED
+from ckptgw.store.interface import ObjectInfo, Store, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -22,14 +22,14 @@ import trio
 
 from ckptgw.drain.checkpoints import DRAINING, DURABLE, LOCAL
 from ckptgw.drain.progress import DrainStats, UploadProgress
-from ckptgw.drain.retry import RetryStats
 from ckptgw.drain.scheduler import Hold, Ready, ScheduleConfig, Scheduler
-from ckptgw.drain.store import Store, StoreError
 from ckptgw.drain.storeops import StoreOps
 from ckptgw.drain.upload import Changed, UploadConfig, Uploader
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.inodes import Inode
 from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.store.interface import Store, StoreError
+from ckptgw.store.retry import RetryStats
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,8 @@ class DrainConfig:
 
 
 class DrainEngine:
-    """``store`` should retry temporary errors itself (:class:`drain.retry.RetryingStore`)."""
+    """``store`` should retry temporary errors itself
+    (:class:`ckptgw.store.retry.RetryingStore`)."""
 
     def __init__(
         self,

@@ -21,13 +21,13 @@ import time
 
 import trio
 
-from ckptgw.drain.store import ObjectInfo, Store, StoreError
 from ckptgw.fsops.contentsum import parts_checksum
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
 from ckptgw.fsops.journal import InodeRow, State
 from ckptgw.fsops.objectmeta import EntryMeta, decode
 from ckptgw.fsops.state import FileStates
 from ckptgw.fsops.storekeys import StoreKeys
+from ckptgw.store.interface import ObjectInfo, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def apply_attrs(row: InodeRow, meta: EntryMeta) -> None:
 
 
 class Entries:
-    """``store`` retries temporary errors itself (:class:`drain.retry.RetryingStore`);
+    """``store`` retries temporary errors itself (:class:`ckptgw.store.retry.RetryingStore`);
     ``lookup_store`` (default: ``store``) serves a lookup's HEAD, which should get few
     attempts, as a listing does."""
 

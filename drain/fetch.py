@@ -11,9 +11,9 @@ ranges as there are GETs in flight (``cache.fetch_parallel``), each between 8 Mi
 ``cache.fetch_chunk_max``, so a big object costs few requests (a store with a per-request
 cost, or one that reads the whole object for every range, pays for each) and still fills
 every connection; ``cache.fetch_chunk`` fixes the size instead. A range is written into the
-cache file as its body arrives (:meth:`drain.store.Store.get_into`, pieces of 4 MiB), and a
-read returns as soon as its own bytes are there, so a large range does not delay the first
-bytes; a retry resumes where the bytes end.
+cache file as its body arrives (:meth:`ckptgw.store.interface.Store.get_into`, pieces of
+4 MiB), and a read returns as soon as its own bytes are there, so a large range does not
+delay the first bytes; a retry resumes where the bytes end.
 
 GETs in flight are shared by every fetch (:class:`Slots`); a freed one goes to a range a
 reader is waiting for first, then to read-ahead of files that are open, then to prefetches
@@ -48,12 +48,12 @@ from dataclasses import dataclass
 import trio
 
 from ckptgw.drain.entries import Entries, read_meta
-from ckptgw.drain.store import NotFound, ObjectInfo, Stale, Store, StoreError
 from ckptgw.fsops.contentsum import Hasher, part_size_of
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
 from ckptgw.fsops.journal import State
 from ckptgw.fsops.space import CacheSpace
 from ckptgw.fsops.state import FileStates
+from ckptgw.store.interface import NotFound, ObjectInfo, Stale, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ class _Fetch:
 
 
 class Fetcher:
-    """``store`` retries temporary errors itself (:class:`drain.retry.RetryingStore`)."""
+    """``store`` retries temporary errors itself (:class:`ckptgw.store.retry.RetryingStore`)."""
 
     def __init__(
         self,

@@ -45,11 +45,11 @@ from ckptgw.drain.catalog import StoreCatalog, StoredCheckpoint, list_files
 from ckptgw.drain.checkpoints import DURABLE, EntryCount, FileView, Recognizer
 from ckptgw.drain.entries import read_meta
 from ckptgw.drain.retention import DELETE, TRANSITION, Candidate, Decision, Policy, plan
-from ckptgw.drain.store import Store, StoreError
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import State
 from ckptgw.fsops.names import RESERVED
 from ckptgw.fsops.objectmeta import SMALL_OBJECT
+from ckptgw.store.interface import Store, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,6 @@ import trio
 
 from ckptgw.drain.entries import Entries, read_meta
 from ckptgw.drain.lookupwait import LookupWait, Pending
-from ckptgw.drain.store import Listing, ObjectInfo, Store, StoreError
 from ckptgw.fsops.inodes import Inode, InodeTable
 from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.names import RESERVED
@@ -64,6 +63,7 @@ from ckptgw.fsops.namespace import LISTED_DIR_MODE
 from ckptgw.fsops.objectmeta import SMALL_OBJECT, EntryMeta
 from ckptgw.fsops.state import FileStates
 from ckptgw.fsops.storekeys import StoreKeys
+from ckptgw.store.interface import Listing, ObjectInfo, Store, StoreError
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class ListingConfig:
 
 
 class Listings:
-    """``store`` retries temporary errors itself (:class:`drain.retry.RetryingStore`); a
+    """``store`` retries temporary errors itself (:class:`ckptgw.store.retry.RetryingStore`); a
     listing is on the path of a lookup, so it should be given few attempts. ``waits``: the
     lookup path's deadline; without one (or until it runs) a listing runs in its caller's
     task and is always waited for."""

@@ -16,7 +16,7 @@ WARNING, naming the store, its endpoint and the request waited for; the end of t
 ``ckptgw status`` and the metrics.
 
 Retries are not made here: a request on this path is a call of a
-:class:`drain.retry.RetryingStore` (counted and logged there, like every other retry).
+:class:`ckptgw.store.retry.RetryingStore` (counted and logged there, like every other retry).
 """
 
 from __future__ import annotations

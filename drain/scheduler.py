@@ -46,7 +46,7 @@ from typing import NamedTuple, Protocol
 
 import trio
 
-from ckptgw.drain.store import StoreError
+from ckptgw.store.interface import StoreError
 
 log = logging.getLogger(__name__)
 

@@ -30,12 +30,12 @@ import logging
 
 import trio
 
-from ckptgw.drain.retry import RetryStats
 from ckptgw.drain.scheduler import Scheduler, Signal
-from ckptgw.drain.store import NotFound, Store, StoreError
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import State, StoreOp
 from ckptgw.fsops.objectmeta import encode, updated
+from ckptgw.store.interface import NotFound, Store, StoreError
+from ckptgw.store.retry import RetryStats
 
 log = logging.getLogger(__name__)
 

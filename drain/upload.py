@@ -14,7 +14,7 @@ CRC32 goes with the part (the store checks it) and into the journal, and the obj
 checksum is the CRC32 of its parts' CRC32s, which the store keeps (the metadata, fixed at
 CreateMultipartUpload, names the part size). ``DrainStats.read`` counts the bytes read. A
 part is read, checksummed and sent in one :meth:`Store.upload_part_from`, which the S3 store
-may hand to a part worker process (:mod:`drain.partpool`): then the daemon never holds the
+may hand to a part worker process (:mod:`ckptgw.store.partpool`): then the daemon never holds the
 part's bytes.
 
 A multipart upload restarted with the same generation, key and size resumes (a single PUT
@@ -37,7 +37,15 @@ import trio
 import xxhash
 
 from ckptgw.drain.progress import COMPLETING, SENDING, DrainStats, UploadProgress
-from ckptgw.drain.store import (
+from ckptgw.fsops.contentsum import PARTS, part_size_of, parts_checksum
+from ckptgw.fsops.inodes import Inode, InodeTable
+from ckptgw.fsops.journal import State, UploadRow
+from ckptgw.fsops.namespace import needs_no_marker
+from ckptgw.fsops.objectmeta import CHECKSUM, encode
+from ckptgw.fsops.state import FileStates
+from ckptgw.fsops.storekeys import StoreKeys
+from ckptgw.store.crc import composite, crc32_b64
+from ckptgw.store.interface import (
     SHORT_FILE,
     NotFound,
     Store,
@@ -45,13 +53,6 @@ from ckptgw.drain.store import (
     part_size_for,
     read_part,
 )
-from ckptgw.fsops.contentsum import PARTS, composite, crc32_b64, part_size_of, parts_checksum
-from ckptgw.fsops.inodes import Inode, InodeTable
-from ckptgw.fsops.journal import State, UploadRow
-from ckptgw.fsops.namespace import needs_no_marker
-from ckptgw.fsops.objectmeta import CHECKSUM, encode
-from ckptgw.fsops.state import FileStates
-from ckptgw.fsops.storekeys import StoreKeys
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -127,7 +128,7 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
 
 class Uploader:
     """Uploads files the engine has taken (``uploading``). ``store`` retries temporary errors
-    itself (:class:`drain.retry.RetryingStore`)."""
+    itself (:class:`ckptgw.store.retry.RetryingStore`)."""
 
     def __init__(
         self,

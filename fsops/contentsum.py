@@ -19,30 +19,14 @@ says None (cannot tell), and the caller hashes again in the expected form.
 
 from __future__ import annotations
 
-import base64
 import functools
 import zlib
 
 import xxhash
 
-try:
-    # zlib-ng's CRC32: the same polynomial and values as zlib's, about 3.5x faster (carry-less
-    # multiply): 0.10 against 0.34-0.37 CPU s per GiB on the 2-core VM, where the drain
-    # checksums every byte it sends. It releases the GIL as zlib's does.
-    from zlib_ng.zlib_ng import crc32 as _crc32
-
-    CRC32_IMPL = "zlib-ng"
-except ImportError:  # a dependency, but its absence only costs CPU: the daemon says so
-    _crc32 = zlib.crc32
-    CRC32_IMPL = "zlib"
+from ckptgw.store.crc import composite, crc32, crc32_b64
 
 PARTS = "crc32:"
-
-
-def crc32(data: bytes | bytearray | memoryview, value: int = 0) -> int:
-    """``zlib.crc32(data, value)``, computed by the fastest implementation installed. Every
-    CRC32 of file content (a part, a body, a read-through's check) is computed here."""
-    return _crc32(data, value)
 
 
 def parts_checksum(part_size: int, value: str) -> str:
@@ -55,16 +39,6 @@ def part_size_of(checksum: str | None) -> int | None:
     if checksum is None or not checksum.startswith(PARTS):
         return None
     return int(checksum[len(PARTS) :].split(":", 1)[0])
-
-
-def crc32_b64(crc: int) -> str:
-    """The base64 of a big-endian CRC32, as ``x-amz-checksum-crc32`` carries it."""
-    return base64.b64encode(crc.to_bytes(4, "big")).decode()
-
-
-def composite(crcs: list[int]) -> int:
-    """S3's COMPOSITE CRC32 of an object whose parts have these CRC32s."""
-    return zlib.crc32(b"".join(c.to_bytes(4, "big") for c in crcs))
 
 
 def _apply(matrix: tuple[int, ...], vector: int) -> int:

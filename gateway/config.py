@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ckptgw.drain.deadlines import Deadlines
 from ckptgw.drain.lifecycle import BucketRules, RunPolicy
 from ckptgw.drain.retention import Policy
-from ckptgw.drain.storeurl import StoreURL, StoreURLError, parse_store_url
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.settings import BY_NAME, SECTIONS, default, known, parse_size
+from ckptgw.store.deadlines import Deadlines
+from ckptgw.store.url import StoreURL, StoreURLError, parse_store_url
 
 __all__ = ["Config", "cache_home", "data_home", "load_config", "parse_size"]
 
@@ -134,7 +134,7 @@ class Config:
 
     @property
     def deadlines(self) -> Deadlines:
-        """What every request to the store is held to (drain.deadlines)."""
+        """What every request to the store is held to (ckptgw.store.deadlines)."""
         return Deadlines(
             connect=self.connect_timeout,
             first_byte=self.first_byte_timeout,

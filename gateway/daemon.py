@@ -30,25 +30,19 @@ import pyfuse3
 import trio
 
 from ckptgw.drain.checkpoints import Recognizer
-from ckptgw.drain.deadlines import CHECK_ANSWER
 from ckptgw.drain.engine import DrainConfig, DrainEngine
 from ckptgw.drain.entries import Entries
 from ckptgw.drain.fetch import FetchConfig, Fetcher
 from ckptgw.drain.lifecycle import Lifecycle
 from ckptgw.drain.listing import ListingConfig, Listings
 from ckptgw.drain.lookupwait import LookupWait
-from ckptgw.drain.pacing import Pacing, PacingConfig
 from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.drain.readthrough import ReadThrough
-from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
 from ckptgw.drain.scheduler import Scheduler
-from ckptgw.drain.store import StoreError
-from ckptgw.drain.stores import open_store
-from ckptgw.drain.storeurl import without_userinfo
 from ckptgw.drain.upload import UploadConfig
-from ckptgw.fsops.contentsum import CRC32_IMPL
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal import JournalError
+from ckptgw.fsops.objectmeta import PART_SIZE
 from ckptgw.gateway import registry
 from ckptgw.gateway.cachedir import CacheDirLock, space_problem
 from ckptgw.gateway.client import entries
@@ -61,6 +55,13 @@ from ckptgw.gateway.protocol import Readiness, wait_seconds
 from ckptgw.gateway.status import PathError, Reporter
 from ckptgw.gateway.storecheck import explain, may_come_right
 from ckptgw.gateway.storeplace import local_store, local_store_problem, local_store_warning
+from ckptgw.store.crc import CRC32_IMPL
+from ckptgw.store.deadlines import CHECK_ANSWER
+from ckptgw.store.interface import StoreError
+from ckptgw.store.open import open_store
+from ckptgw.store.pacing import Pacing, PacingConfig
+from ckptgw.store.retry import RetryingStore, RetryPolicy, RetryStats
+from ckptgw.store.url import without_userinfo
 
 log = logging.getLogger("ckptgw")
 
@@ -575,7 +576,7 @@ async def _serve(
     ):
         stats = RetryStats()
         pacing = Pacing(PacingConfig(adaptive=cfg.adaptive_rate, min_rate=cfg.min_rate))
-        store = RetryingStore(raw, RetryPolicy(), stats, pacing)
+        store = RetryingStore(raw, RetryPolicy(), stats, pacing, part_size_key=PART_SIZE)
 
         async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -615,7 +616,6 @@ async def _serve(
             Recognizer(cfg.checkpoint_patterns),
             store_local=local_store(cfg.store) is not None,
             log_path=cfg.log_path,
-            part_pool=raw.part_pool,
             store=store,  # its requests_view adds the pacing
         )
         lifecycle = Lifecycle(

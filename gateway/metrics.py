@@ -247,7 +247,7 @@ def _endpoint_metrics(
 def _pacing_metrics(
     pacing: dict[str, Any], names: list[str], values: list[str]
 ) -> Iterator[Metric]:
-    """This gateway's pace of reads and writes (drain.pacing), labelled with the kind."""
+    """This gateway's pace of reads and writes (ckptgw.store.pacing), labelled with the kind."""
     names = [*names, "kind"]
     families = (
         (

@@ -12,9 +12,6 @@ from pathlib import Path
 
 import trio
 
-from ckptgw.drain.store import StoreError
-from ckptgw.drain.stores import open_store
-from ckptgw.drain.storeurl import StoreURL, StoreURLError, parse_store_url
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal import Journal, JournalError
 from ckptgw.fsops.rebind import RebindError, RebindReport, rebind
@@ -23,6 +20,9 @@ from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.render import plural, size
 from ckptgw.gateway.storecheck import explain
 from ckptgw.gateway.storeplace import local_store, local_store_problem
+from ckptgw.store.interface import StoreError
+from ckptgw.store.open import open_store
+from ckptgw.store.url import StoreURL, StoreURLError, parse_store_url
 
 
 def rebind_cache(

@@ -24,16 +24,15 @@ from ckptgw.drain.engine import DrainEngine
 from ckptgw.drain.fetch import FetchStats
 from ckptgw.drain.lifecycle import Lifecycle as Retention
 from ckptgw.drain.lookupwait import LookupWait
-from ckptgw.drain.partpool import PartPool
 from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.drain.progress import UploadProgress
-from ckptgw.drain.store import Store
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.storekeys import object_key
 from ckptgw.gateway.checkpointrows import checkpoint_rows
 from ckptgw.gateway.nfsserve import read_state
 from ckptgw.gateway.protocol import MAX_WAIT
+from ckptgw.store.interface import Store
 
 STATUS_VERSION = 1
 RECHECK = 1.0  # a waiting ``pending`` asks again at least this often
@@ -66,7 +65,6 @@ class Reporter:
         *,
         store_local: bool = False,
         log_path: Path | None = None,
-        part_pool: PartPool | None = None,
         store: Store | None = None,
     ) -> None:
         self.mountpoint = mountpoint
@@ -75,7 +73,6 @@ class Reporter:
         # (local store)", never plain durable, in every view.
         self.store_local = store_local
         self.log_path = log_path
-        self.part_pool = part_pool
         self.store = store  # the bare store: its endpoint and requests in flight
         self.fs = fs
         self.engine = engine
@@ -472,7 +469,7 @@ class Reporter:
             "last_error_at": retry.last_error_at or None,
             "checkpoints": checkpoints,
             "nfs": read_state(self.fs.cache.root),
-            "part_workers": None if self.part_pool is None else self.part_pool.view(),
+            "part_workers": None if self.store is None else self.store.part_workers_view(),
             "store_requests": store_requests,
             # lookups the store kept waiting past store.lookup_wait (answered from the journal)
             "lookups": None if self.lookups is None else asdict(self.lookups.view()),

@@ -12,8 +12,8 @@ import socket
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from ckptgw.drain.store import CREDENTIAL_CODES, StoreError
-from ckptgw.drain.storeurl import StoreURL
+from ckptgw.store.interface import CREDENTIAL_CODES, StoreError
+from ckptgw.store.url import StoreURL
 
 DEFAULT_S3_HOST = "s3.amazonaws.com"  # where the client goes without an endpoint URL
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ckptgw.drain.storeurl import StoreURL
 from ckptgw.gateway.mountpoint import existing_parent, unescape
+from ckptgw.store.url import StoreURL
 
 # Filesystems whose data lives on other machines (or on storage other machines mount).
 SHARED_FSTYPES = frozenset(

@@ -1,5 +1,5 @@
 """What ``ckptgw doctor`` checks of the store, through the gateway's own store layer
-(:func:`drain.stores.open_store`, the bare store: no retries), so that it tests what a mount
+(:func:`ckptgw.store.open.open_store`, the bare store: no retries), so that it tests what a mount
 will use: the credentials, the endpoint, the bucket, a PUT/GET/DELETE round trip and a
 multipart upload under the prefix, the bucket's lifecycle rules and the clock (S3); for a
 ``file://`` store the directory, the same round trip, and whether it survives this node.
@@ -22,9 +22,6 @@ from typing import TypeVar
 
 import trio
 
-from ckptgw.drain.deadlines import Deadlines
-from ckptgw.drain.store import Store, StoreError
-from ckptgw.drain.stores import open_store
 from ckptgw.gateway.config import Config
 from ckptgw.gateway.hostcheck import FAIL, INFO, OK, WARN, Check
 from ckptgw.gateway.storecheck import SYNC_CLOCK, explain, what_to_fix
@@ -34,6 +31,9 @@ from ckptgw.gateway.storeplace import (
     local_store_problem,
     local_store_warning,
 )
+from ckptgw.store.deadlines import Deadlines
+from ckptgw.store.interface import Store, StoreError
+from ckptgw.store.open import open_store
 
 STEP_TIMEOUT = 5.0  # seconds for each store call
 SKEW_WARN = 60.0  # seconds between our clock and the store's: a warning beyond
@@ -296,7 +296,7 @@ async def _lifecycle(store: Store, cfg: Config, out: list[Check]) -> None:
 
 
 async def _clock(store: Store) -> Check:
-    from ckptgw.drain.s3store import S3Store
+    from ckptgw.store.s3 import S3Store
 
     if not isinstance(store, S3Store):
         return clock_check(None, time.time())

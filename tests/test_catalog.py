@@ -10,8 +10,8 @@ import trio
 
 from ckptgw.drain.catalog import walk_checkpoints
 from ckptgw.drain.checkpoints import Recognizer
-from ckptgw.drain.filestore import FileStore
-from ckptgw.drain.storeurl import parse_store_url
+from ckptgw.store.files import FileStore
+from ckptgw.store.url import parse_store_url
 
 
 def fill(tmp_path: Path) -> FileStore:

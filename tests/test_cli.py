@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ckptgw.drain.storeurl import StoreURLError, parse_store_url
 from ckptgw.gateway.config import load_config, parse_size
 from ckptgw.gateway.errors import UserError
+from ckptgw.store.url import StoreURLError, parse_store_url
 from tests.conftest import GatewayFactory, needs_fuse
 
 

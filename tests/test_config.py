@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from ckptgw.drain.lifecycle import RunPolicy
-from ckptgw.drain.storeurl import parse_store_url
 from ckptgw.gateway.config import _KNOWN, Config, load_config
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.nfsexport import load_export
 from ckptgw.gateway.settings import ENVIRONMENT, SETTINGS, example, reference
+from ckptgw.store.url import parse_store_url
 
 ROOT = Path(__file__).resolve().parent.parent
 

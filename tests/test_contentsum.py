@@ -9,16 +9,8 @@ import zlib
 import pytest
 import xxhash
 
-from ckptgw.fsops.contentsum import (
-    CRC32_IMPL,
-    Hasher,
-    composite,
-    crc32,
-    crc32_b64,
-    crc32_combine,
-    part_size_of,
-    parts_checksum,
-)
+from ckptgw.fsops.contentsum import Hasher, crc32_combine, part_size_of, parts_checksum
+from ckptgw.store.crc import CRC32_IMPL, composite, crc32, crc32_b64
 
 PART = 1 << 16
 

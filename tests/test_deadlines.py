@@ -1,4 +1,4 @@
-"""Every request to the store has a deadline, and a stall is seen (drain.deadlines).
+"""Every request to the store has a deadline, and a stall is seen (ckptgw.store.deadlines).
 
 First the rule alone (``judge``: a pure function of a request and the time, no clock), and
 the watchdog on a real asyncio loop; then :class:`S3Store` against a real S3 HTTP API (moto)
@@ -29,7 +29,7 @@ import jsonschema
 import pytest
 import trio
 
-from ckptgw.drain.deadlines import (
+from ckptgw.store.deadlines import (
     ANSWER,
     CONTINUE,
     EXPIRE,
@@ -48,12 +48,14 @@ from ckptgw.drain.deadlines import (
     Watchdog,
     judge,
 )
-from ckptgw.drain.retry import RetryPolicy, RetryStats, retrying
-from ckptgw.drain.s3store import LoopThread, S3Store
-from ckptgw.drain.store import StoreError
-from ckptgw.drain.storeurl import parse_store_url
+from ckptgw.store.faultproxy import Fault, FaultProxy
+from ckptgw.store.interface import StoreError
+from ckptgw.store.loopthread import LoopThread
+from ckptgw.store.open import open_store
+from ckptgw.store.retry import RetryPolicy, RetryStats, retrying
+from ckptgw.store.s3 import S3Store
+from ckptgw.store.url import parse_store_url
 from tests.conftest import CheckedGateway, GatewayFactory, any_data_path, needs_fuse
-from tests.faultproxy import Fault, FaultProxy
 from tests.s3server import free_port
 from tests.test_drain import wait_for
 
@@ -179,9 +181,10 @@ async def proxied(
     proxy = FaultProxy(int(endpoint.rsplit(":", 1)[1]))
     try:
         url = parse_store_url(f"s3://{bucket}/")
-        async with S3Store.open(
+        async with open_store(
             url, proxy.url, deadlines=deadlines, part_workers=part_workers
         ) as store:
+            assert isinstance(store, S3Store)
             yield store, proxy
     finally:
         proxy.close()

@@ -16,8 +16,8 @@ import boto3
 import pytest
 
 from ckptgw.gateway.client import wait_durable
+from ckptgw.store.faultproxy import FaultProxy
 from tests.conftest import CheckedGateway, GatewayFactory, any_data_path, needs_fuse
-from tests.faultproxy import FaultProxy
 from tests.test_drain import wait_for
 from tests.test_readthrough import write_toml
 

@@ -22,8 +22,8 @@ import xxhash
 
 from ckptgw.gateway.client import mount_of
 from ckptgw.gateway.mountpoint import mounted_fstype
+from ckptgw.store.faultproxy import Fault, FaultProxy
 from tests.conftest import CheckedGateway, GatewayFactory, any_data_path, needs_fuse
-from tests.faultproxy import Fault, FaultProxy
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 
@@ -226,7 +226,7 @@ def test_changes_during_the_upload_end_with_current_data_only(
 
 
 def part_workers_of(daemon: int) -> list[int]:
-    """The daemon's part worker processes (drain.partpool)."""
+    """The daemon's part worker processes (ckptgw.store.partpool)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -237,7 +237,7 @@ def part_workers_of(daemon: int) -> list[int]:
         except OSError:
             continue
         state, ppid = stat.rsplit(") ", 1)[1].split()[:2]
-        if int(ppid) == daemon and state != "Z" and b"ckptgw.drain.partworker" in cmdline:
+        if int(ppid) == daemon and state != "Z" and b"ckptgw.store.partworker" in cmdline:
             found.append(int(entry))
     return found
 

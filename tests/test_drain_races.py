@@ -25,18 +25,18 @@ import xxhash
 from ckptgw.drain.engine import DrainConfig, DrainEngine
 from ckptgw.drain.entries import Entries
 from ckptgw.drain.fetch import FetchConfig, Fetcher
-from ckptgw.drain.filestore import FileStore
 from ckptgw.drain.listing import ListingConfig, Listings
-from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
 from ckptgw.drain.scheduler import Hold, Scheduler
-from ckptgw.drain.store import Body, Listing, ObjectInfo, Store, Upload
-from ckptgw.drain.storeurl import parse_store_url
 from ckptgw.drain.upload import META_CHECKSUM, UploadConfig
 from ckptgw.fsops.contentsum import Hasher, parts_checksum
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal import ROOT_INODE, State
 from ckptgw.fsops.namespace import AttrChange
 from ckptgw.fsops.objectmeta import CHECKSUM, PART_SIZE
+from ckptgw.store.files import FileStore
+from ckptgw.store.interface import Body, Listing, ObjectInfo, Store, Upload
+from ckptgw.store.retry import RetryingStore, RetryPolicy, RetryStats
+from ckptgw.store.url import parse_store_url
 from tests.conftest import errno_of
 from tests.test_ops import ME
 

@@ -1,5 +1,5 @@
 """Many gateways, one bucket, a store that takes only so many requests a second: real mounts
-on the moto server behind the fault proxy's rate limit (tests/faultproxy.py RateLimit: token
+on the moto server behind the fault proxy's rate limit (ckptgw/store/faultproxy.py RateLimit: token
 buckets, 503 SlowDown when empty). What is asserted: nothing is lost, every object is
 byte-exact, the gateways slow down (their pace, in status, the text and the schema), and a
 fresh node under a read limit reads what it was asked for rather than the whole checkpoint.
@@ -17,8 +17,8 @@ import boto3
 import jsonschema
 import pytest
 
+from ckptgw.store.faultproxy import FaultProxy, RateLimit
 from tests.conftest import GatewayFactory, any_data_path, needs_fuse
-from tests.faultproxy import FaultProxy, RateLimit
 from tests.s3server import free_port
 from tests.test_drain import wait_for
 from tests.test_operate import scrape

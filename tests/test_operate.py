@@ -26,8 +26,8 @@ import pytest
 from ckptgw.gateway.client import NotDurable, wait_durable
 from ckptgw.gateway.harness import Gateway
 from ckptgw.gateway.registry import alive
+from ckptgw.store.faultproxy import Fault, FaultProxy
 from tests.conftest import CheckedGateway, GatewayFactory, needs_fuse
-from tests.faultproxy import Fault, FaultProxy
 from tests.s3server import free_port
 from tests.test_cli import assert_one_line_error, ckptgw
 from tests.test_drain import file_store_objects, wait_for

@@ -1,5 +1,5 @@
-"""The pace of store requests (drain/pacing.py), and the one place that retries asking it for
-turns (drain/retry.py): on trio's MockClock, with a seeded random source, against a fake
+"""The pace of store requests (ckptgw/store/pacing.py), and the one place that retries asking it for
+turns (ckptgw/store/retry.py): on trio's MockClock, with a seeded random source, against a fake
 store that refuses what a token bucket does not allow. Deterministic: the times asserted are
 the fake clock's. The same on real mounts behind a rate-limiting proxy: tests/test_fleet.py;
 its measurement: bench/fleet.py."""
@@ -13,9 +13,9 @@ import pytest
 import trio
 import trio.testing
 
-from ckptgw.drain.pacing import BETA, Pace, PacingConfig
-from ckptgw.drain.retry import RetryPolicy, RetryStats, retrying
-from ckptgw.drain.store import NotFound, StoreError
+from ckptgw.store.interface import NotFound, StoreError
+from ckptgw.store.pacing import BETA, Pace, PacingConfig
+from ckptgw.store.retry import RetryPolicy, RetryStats, retrying
 
 
 def slowdown() -> StoreError:

@@ -25,7 +25,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
     for folder in ("gateway", "fsops", "drain"):
         shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    (src / "ckptgw").mkdir()
+    shutil.copytree(
+        ROOT / "ckptgw/store", src / "ckptgw/store", ignore=shutil.ignore_patterns("__pycache__")
+    )
     for name in ("pyproject.toml", "README.md", "ckptgw/__init__.py", "ckptgw/__main__.py"):
         shutil.copy(ROOT / name, src / name)
     # No build isolation and no dependencies: the venv's setuptools builds it, offline.
@@ -52,6 +54,8 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
         "gateway/status.schema.json",
         "fsops/state.py",
         "drain/engine.py",
+        "store/interface.py",
+        "store/partworker.py",
         "__main__.py",
     ):
         assert f"ckptgw/{module}" in names, module
@@ -60,7 +64,7 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
         f"ckptgw/{p.relative_to(ROOT)}"
         for folder in ("gateway", "fsops", "drain")
         for p in (ROOT / folder).glob("*.py")
-    }
+    } | {str(p.relative_to(ROOT)) for p in (ROOT / "ckptgw/store").glob("*.py")}
     assert here <= set(names), here - set(names)
     assert "ckptgw = ckptgw.gateway.cli:main" in entry_points
 
@@ -89,8 +93,9 @@ def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) 
         [
             sys.executable,
             "-c",
-            "import ckptgw.gateway.cli, ckptgw.drain.engine; "
-            "print(ckptgw.gateway.cli.__file__); print(ckptgw.drain.engine.__file__)",
+            "import ckptgw.gateway.cli, ckptgw.drain.engine, ckptgw.store.s3; "
+            "print(ckptgw.gateway.cli.__file__); print(ckptgw.drain.engine.__file__); "
+            "print(ckptgw.store.s3.__file__)",
         ],
         cwd=tmp_path,
         env=env,

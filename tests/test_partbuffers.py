@@ -1,4 +1,4 @@
-"""Part buffers (drain.partbuffers): parts are read into reused buffers, bounded, let go once
+"""Part buffers (ckptgw.store.partbuffers): parts are read into reused buffers, bounded, let go once
 the drain has been idle a while, never reused while a given-up request may still send from
 one; through a real file store, the parts of an upload land byte for byte and share one
 buffer, and a failed part gives its buffer back (no S3, no mount: fast tier)."""
@@ -15,10 +15,10 @@ import pytest
 import trio
 import trio.testing
 
-from ckptgw.drain.filestore import FileStore
-from ckptgw.drain.partbuffers import IDLE, PartBuffers
-from ckptgw.drain.store import READ_ERROR, SHORT_FILE, StoreError, read_part
-from ckptgw.drain.storeurl import parse_store_url
+from ckptgw.store.files import FileStore
+from ckptgw.store.interface import READ_ERROR, SHORT_FILE, StoreError, read_part
+from ckptgw.store.partbuffers import IDLE, PartBuffers
+from ckptgw.store.url import parse_store_url
 
 PART = 5 << 20
 

@@ -1,8 +1,9 @@
-"""Part worker processes (drain.partpool, drain.partworker) against a real S3 HTTP API on
-loopback (moto), through the fault-injecting proxy where a part must be caught in flight:
-parts read and sent by other processes make the right object, a worker killed with a part in
-flight loses nothing (the part is sent again by its replacement), a cancelled part stops, a
-short file is a permanent error, and workers that cannot start leave the parts to the daemon."""
+"""Part worker processes (ckptgw.store.partpool, ckptgw.store.partworker) against a real S3
+HTTP API on loopback (moto), through the fault-injecting proxy where a part must be caught in
+flight: parts read and sent by other processes make the right object, a worker killed with a
+part in flight loses nothing (the part is sent again by its replacement), a cancelled part
+stops, a short file is a permanent error, and workers that cannot start leave the parts to the
+daemon."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ import boto3
 import pytest
 import trio
 
-from ckptgw.drain.partpool import DEATHS, WORKER_DIED, PartPool
-from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
-from ckptgw.drain.s3store import S3Store
-from ckptgw.drain.store import READ_ERROR, SHORT_FILE, StoreError, read_part
-from ckptgw.drain.storeurl import parse_store_url
-from ckptgw.fsops.contentsum import composite, crc32_b64
-from tests.faultproxy import Fault, FaultProxy
+from ckptgw.store.crc import composite, crc32_b64
+from ckptgw.store.faultproxy import Fault, FaultProxy
+from ckptgw.store.interface import READ_ERROR, SHORT_FILE, StoreError, read_part
+from ckptgw.store.open import open_store
+from ckptgw.store.partpool import DEATHS, WORKER_DIED, PartPool
+from ckptgw.store.retry import RetryingStore, RetryPolicy, RetryStats
+from ckptgw.store.s3 import S3Store
+from ckptgw.store.url import parse_store_url
 
 PART = 5 << 20
 
@@ -38,15 +40,16 @@ def proxy(s3_endpoint: str) -> Iterator[FaultProxy]:
 
 @contextlib.asynccontextmanager
 async def pooled(bucket: str, endpoint: str, workers: int) -> AsyncIterator[S3Store]:
-    async with S3Store.open(
+    async with open_store(
         parse_store_url(f"s3://{bucket}/w/"), endpoint, part_workers=workers
     ) as store:
+        assert isinstance(store, S3Store)
         yield store
 
 
 def pool_of(store: S3Store) -> PartPool:
-    assert store.part_pool is not None
-    return store.part_pool
+    assert isinstance(store.part_sender, PartPool)
+    return store.part_sender
 
 
 def alive(pid: int) -> bool:

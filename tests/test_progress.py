@@ -29,8 +29,8 @@ from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.progressbar import ProgressBar
 from ckptgw.gateway.render import entries, files, retries_text, status_text
 from ckptgw.gateway.status import RECHECK, SPACING, Reporter
+from ckptgw.store.faultproxy import Fault
 from tests.conftest import GatewayFactory, needs_fuse
-from tests.faultproxy import Fault
 from tests.s3server import free_port
 from tests.test_drain import wait_for
 from tests.test_operate import S3Setup, checkpoint, s3_gateway, valid

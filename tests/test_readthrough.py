@@ -18,8 +18,8 @@ from pathlib import Path
 import boto3
 import pytest
 
+from ckptgw.store.faultproxy import Fault, FaultProxy
 from tests.conftest import CheckedGateway, GatewayFactory, any_data_path, errno_of, needs_fuse
-from tests.faultproxy import Fault, FaultProxy
 from tests.test_drain import file_store_objects, wait_for
 
 pytestmark = [pytest.mark.mount, needs_fuse]

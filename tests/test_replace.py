@@ -19,11 +19,11 @@ from pathlib import Path
 import pyfuse3
 import pytest
 
-from ckptgw.drain.store import Body
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
+from ckptgw.store.faultproxy import Fault, FaultProxy
+from ckptgw.store.interface import Body
 from tests.conftest import GatewayFactory, any_data_path
-from tests.faultproxy import Fault, FaultProxy
 from tests.test_drain_races import GatedStore, MiB, Node, node, run
 
 

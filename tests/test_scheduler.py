@@ -20,7 +20,7 @@ from ckptgw.drain.scheduler import (
     ScheduleConfig,
     Scheduler,
 )
-from ckptgw.drain.store import StoreError
+from ckptgw.store.interface import StoreError
 
 SETTLE = 0.2
 

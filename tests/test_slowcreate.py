@@ -5,7 +5,7 @@ meanwhile the trainer saves the same name again and closes it before the create 
 first upload is aborted when the create returns; the new version must then be uploaded at
 once, not left only in the cache until something else wakes the drain.
 
-Real mounts on both data paths, moto behind tests/faultproxy.py.
+Real mounts on both data paths, moto behind ckptgw/store/faultproxy.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from ckptgw.store.faultproxy import Fault, FaultProxy
 from tests.conftest import GatewayFactory
-from tests.faultproxy import Fault, FaultProxy
 
 MiB = 1 << 20
 HOLD = 6.0  # seconds the proxy holds every CreateMultipartUpload (the issue's steps)

@@ -29,14 +29,14 @@ import trio
 import trio.testing
 
 from ckptgw.drain.readthrough import ReadThrough
-from ckptgw.drain.retry import RetryingStore, RetryPolicy, RetryStats
-from ckptgw.drain.store import Listing, ObjectInfo, StoreError
-from ckptgw.drain.storeurl import parse_store_url
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal import ROOT_INODE
 from ckptgw.fsops.operations import Operations
 from ckptgw.gateway.config import Config
 from ckptgw.gateway.daemon import _read_through
+from ckptgw.store.interface import Listing, ObjectInfo, StoreError
+from ckptgw.store.retry import RetryingStore, RetryPolicy, RetryStats
+from ckptgw.store.url import parse_store_url
 from tests.test_drain_races import GatedStore
 from tests.test_ops import ME
 
@@ -218,7 +218,7 @@ def test_a_stalled_listing_holds_a_lookup_no_longer_than_lookup_wait(
             assert store.lists == ["", "run/", "run/"]  # one listing for all of them
             assert n.stats.retries == 1  # the reset, counted like every other retry
             assert any("list run/" in m and "retry 1" in m for m in messages(
-                caplog, "ckptgw.drain.retry", logging.INFO))  # fmt: skip
+                caplog, "ckptgw.store.retry", logging.INFO))  # fmt: skip
             warnings = messages(caplog, "ckptgw.drain.lookupwait", logging.WARNING)
             assert len(warnings) == 1 and store.url in warnings[0], warnings
             assert "LIST run/" in warnings[0]

@@ -8,9 +8,9 @@ import socket
 
 import pytest
 
-from ckptgw.drain.store import StoreError
-from ckptgw.drain.storeurl import parse_store_url
 from ckptgw.gateway.storecheck import explain, may_come_right
+from ckptgw.store.interface import StoreError
+from ckptgw.store.url import parse_store_url
 
 URL = parse_store_url("s3://my-bucket/run/")
 NO_DNS = "Transport: ConnectError: [Errno -2] Name or service not known"

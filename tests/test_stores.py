@@ -18,10 +18,12 @@ import pytest
 import trio
 import trio.testing
 
-from ckptgw.drain.deadlines import Deadlines
 from ckptgw.drain.entries import read_meta
-from ckptgw.drain.retry import RetryPolicy, RetryStats, retrying
-from ckptgw.drain.store import (
+from ckptgw.fsops.contentsum import Hasher, parts_checksum
+from ckptgw.fsops.objectmeta import PART_SIZE
+from ckptgw.store.deadlines import Deadlines
+from ckptgw.store.faultproxy import Fault, FaultProxy
+from ckptgw.store.interface import (
     Listing,
     NotFound,
     ObjectInfo,
@@ -30,11 +32,9 @@ from ckptgw.drain.store import (
     StoreError,
     part_size_for,
 )
-from ckptgw.drain.stores import open_store
-from ckptgw.drain.storeurl import parse_store_url, without_userinfo
-from ckptgw.fsops.contentsum import Hasher, parts_checksum
-from ckptgw.fsops.objectmeta import PART_SIZE
-from tests.faultproxy import Fault, FaultProxy
+from ckptgw.store.open import open_store
+from ckptgw.store.retry import RetryPolicy, RetryStats, retrying
+from ckptgw.store.url import parse_store_url, without_userinfo
 
 StoreFactory = Callable[[], AbstractAsyncContextManager[Store]]
 
@@ -414,7 +414,7 @@ def test_a_request_whose_answer_is_lost_is_retried_in_the_one_place_and_counted(
 ) -> None:
     """The store closes a kept-alive connection after reading a DELETE (or a PUT) without
     answering it: aiohttp would send an idempotent request again by itself (RFC 9112 lets a
-    client), neither counted nor logged. The error reaches drain.retry, which retries it,
+    client), neither counted nor logged. The error reaches ckptgw.store.retry, which retries it,
     counts it and logs it, as every other retry."""
 
     async def go() -> None:
@@ -605,7 +605,7 @@ def test_a_cancelled_s3_call_has_ended_on_the_asyncio_side_when_it_returns() -> 
     that PUT from our side."""
     import asyncio
 
-    from ckptgw.drain.s3store import LoopThread
+    from ckptgw.store.loopthread import LoopThread
 
     loop = LoopThread()
     events: list[str] = []

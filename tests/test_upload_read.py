@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from ckptgw.drain.store import SHORT_FILE, StoreError
 from ckptgw.drain.upload import Changed, _read_hashed, _read_hashed_cached, _reason
 from ckptgw.fsops.cache import fs_type
+from ckptgw.store.interface import SHORT_FILE, StoreError
 
 
 def _written(path: Path, data: bytes) -> int:

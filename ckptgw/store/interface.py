@@ -1,13 +1,14 @@
 """The store interface: what the drain needs from an object store, and its one error type.
 
-Two implementations: :class:`drain.s3store.S3Store` (S3 and S3-compatible stores) and
-:class:`drain.filestore.FileStore` (a directory). Every call raises :class:`StoreError` and
-nothing else, already classified as temporary (worth retrying) or permanent (needs someone to
-fix something: credentials, the bucket, the request).
+Two implementations hold data: :class:`ckptgw.store.s3.S3Store` (S3 and S3-compatible stores)
+and :class:`ckptgw.store.files.FileStore` (a directory); :class:`ckptgw.store.memory.MemoryStore`
+is one in memory for tests. Every call raises :class:`StoreError` and nothing else, already
+classified as temporary (worth retrying) or permanent (needs someone to fix something:
+credentials, the bucket, the request).
 
 Each call is one request (a listing: one per page, a ``delete_many``: one per 1,000 keys), so
 that a retry repeats as little as possible. Retrying and composing calls is not the store's
-job: :class:`drain.retry.RetryingStore` wraps a store and does both (a copy above
+job: :class:`ckptgw.store.retry.RetryingStore` wraps a store and does both (a copy above
 ``copy_limit`` becomes a multipart upload of ``copy_part`` calls there, each retried alone).
 """
 
@@ -20,15 +21,12 @@ import mmap
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
-from ckptgw.drain.partbuffers import PartBuffers
-from ckptgw.fsops.contentsum import crc32
-
-if TYPE_CHECKING:
-    from ckptgw.drain.partpool import PartPool
+from ckptgw.store.crc import crc32
+from ckptgw.store.partbuffers import PartBuffers
 
 MIN_PART = 5 << 20  # S3: every part but the last
 MAX_PART = 5 << 30
@@ -37,7 +35,8 @@ MAX_OBJECT = 5 << 40
 MAX_COPY = 5 << 30  # S3: the largest CopyObject, and the largest UploadPartCopy
 PIECE = 4 << 20  # get_into writes (and reports) a range in pieces of about this size
 
-#: A part's or a PUT's bytes: ``bytes``, or a view of a part buffer (:mod:`drain.partbuffers`).
+#: A part's or a PUT's bytes: ``bytes``, or a view of a part buffer
+#: (:mod:`ckptgw.store.partbuffers`).
 Body = bytes | memoryview
 #: ``get_into``'s report: the bytes from the range's start that are in the file now.
 Progress = Callable[[int], None]
@@ -163,11 +162,9 @@ class Store(abc.ABC):
 
     url: str
     #: The largest object ``copy`` copies (in one request); None: any size. Bigger objects
-    #: are copied part by part with ``copy_part``, which :class:`drain.retry.RetryingStore`
+    #: are copied part by part with ``copy_part``, which :class:`ckptgw.store.retry.RetryingStore`
     #: does.
     copy_limit: int | None = None
-    #: The worker processes that send this store's parts (:mod:`drain.partpool`), if any.
-    part_pool: PartPool | None = None
 
     @abc.abstractmethod
     async def check(self) -> None:
@@ -279,7 +276,7 @@ class Store(abc.ABC):
         that ends before the part does is a permanent StoreError (code :data:`SHORT_FILE`).
 
         This default reads on a worker thread, into one of :attr:`part_buffers`, and calls
-        :meth:`upload_part`; :class:`drain.s3store.S3Store` can send the part from a worker
+        :meth:`upload_part`; :class:`ckptgw.store.s3.S3Store` can send the part from a worker
         process instead."""
         buffers = self.part_buffers
         buf = take_buffer(buffers, offset, length)
@@ -297,8 +294,13 @@ class Store(abc.ABC):
 
     def requests_view(self) -> dict[str, Any] | None:
         """What ``ckptgw status`` shows of this store's requests: its endpoint, its deadlines,
-        the requests in flight and those stalled (:mod:`drain.deadlines`); None for a store
+        the requests in flight and those stalled (:mod:`ckptgw.store.deadlines`); None for a store
         that makes none over a network (a file store)."""
+        return None
+
+    def part_workers_view(self) -> dict[str, object] | None:
+        """What ``ckptgw status`` shows of the worker processes that send this store's parts;
+        None for a store whose parts all go from the daemon."""
         return None
 
     @functools.cached_property

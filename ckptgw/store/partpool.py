@@ -3,11 +3,11 @@
 One interpreter reads, checksums and sends every part otherwise; on a node with many cores
 that one core is the drain's ceiling. With ``drain.part_workers`` > 0, :class:`S3Store`
 hands each part (the cache file's descriptor, an offset and a length) to the least busy of
-that many :mod:`drain.partworker` processes, which reads it once, computes its CRC32, sends
+that many :mod:`ckptgw.store.partworker` processes, which reads it once, computes its CRC32, sends
 it and answers with the ETag and the CRC32. The daemon only schedules and journals.
 
 A worker that dies (kill -9, out of memory) fails the parts it had in flight with a
-temporary StoreError (code ``PartWorker``), which :class:`drain.retry.RetryingStore` retries
+temporary StoreError (code ``PartWorker``), which :class:`ckptgw.store.retry.RetryingStore` retries
 like any other, and is replaced at once. A worker that ends before it is ready counts as a
 failed start; after :data:`FAILED_STARTS` in a row, or :data:`DEATHS` workers ending within
 :data:`DEATH_WINDOW` seconds, the pool stops (``usable`` is False) and parts go from the
@@ -18,7 +18,7 @@ then is killed (and replaced), so the part is never still in flight when the can
 Closing the pool closes the sockets (the workers see end of file and exit), then kills what
 is still there after :data:`STOP_WAIT`.
 
-Workers hold their requests to the same :class:`drain.deadlines.Deadlines` as the daemon
+Workers hold their requests to the same :class:`ckptgw.store.deadlines.Deadlines` as the daemon
 (given in the opening message). A part that stalls in a worker is told to the daemon as it
 happens (``{"id", "stalled": view}``, and ``"stalled": null`` once it moves again): the pool
 logs it once and lists it in :meth:`in_flight`. Each part request says whether to ask Expect:
@@ -43,9 +43,9 @@ from typing import Any
 
 import trio
 
-from ckptgw.drain.deadlines import Deadlines
-from ckptgw.drain.partworker import Message, encode, error_of, receive, send
-from ckptgw.drain.store import StoreError
+from ckptgw.store.deadlines import Deadlines
+from ckptgw.store.interface import StoreError
+from ckptgw.store.partwire import Message, encode, error_of, receive, send
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ class PartPool:
                     [
                         sys.executable,
                         "-m",
-                        "ckptgw.drain.partworker",
+                        "ckptgw.store.partworker",
                         str(theirs.fileno()),
                         str(os.getpid()),
                     ],
@@ -290,7 +290,7 @@ class PartPool:
             log.warning("%s (in part worker %d)", view.get("text", call.what), worker.proc.pid)
 
     def in_flight(self) -> list[dict[str, Any]]:
-        """The parts in the workers, as :meth:`drain.s3store.S3Store.in_flight` lists
+        """The parts in the workers, as :meth:`ckptgw.store.s3.S3Store.in_flight` lists
         requests: a stalled one as its worker last described it, aged since."""
         now = time.monotonic()
         out = []

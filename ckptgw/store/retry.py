@@ -3,13 +3,13 @@
 Temporary errors (503 SlowDown, 500, throttling, connection resets, timeouts) are retried with
 exponential backoff and full jitter, never sooner than a ``Retry-After`` the server sent, up to
 ``attempts`` tries; then the last error is raised. Permanent errors (403, a missing bucket, a
-bad request, :class:`~drain.store.NotFound`, :class:`~drain.store.Stale`) are raised at once:
-retrying cannot fix them, and the caller keeps the data dirty and tries again later (e.g.
-after the credentials were refreshed).
+bad request, :class:`~ckptgw.store.interface.NotFound`,
+:class:`~ckptgw.store.interface.Stale`) are raised at once: retrying cannot fix them, and the
+caller keeps the data dirty and tries again later (e.g. after the credentials were refreshed).
 
 Every attempt first waits for its turn in the gateway's pace for its kind of request (reads or
-writes, :mod:`drain.pacing`), and tells the pace how it was answered: a refusal as too many
-(SlowDown, throttling) slows this gateway down, other answers let it speed up again.
+writes, :mod:`ckptgw.store.pacing`), and tells the pace how it was answered: a refusal as too
+many (SlowDown, throttling) slows this gateway down, other answers let it speed up again.
 
 :class:`RetryingStore` is how the rest of the drain talks to a store: it wraps one and sends
 every call through :func:`retrying`, so no call site can forget. It is also where calls are
@@ -28,8 +28,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from ckptgw.drain.pacing import READ, THROTTLED, WRITE, Pace, Pacing
-from ckptgw.drain.store import (
+from ckptgw.store.interface import (
     MAX_PART,
     Body,
     Described,
@@ -42,7 +41,7 @@ from ckptgw.drain.store import (
     Upload,
     check_copy,
 )
-from ckptgw.fsops.objectmeta import PART_SIZE
+from ckptgw.store.pacing import READ, THROTTLED, WRITE, Pace, Pacing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -53,7 +52,7 @@ ABORT_TIMEOUT = 30.0  # seconds an abort of a failed multipart copy may take, ca
 @dataclass(frozen=True)
 class RetryPolicy:
     attempts: int = 8
-    refusals: int = 32  # refusals as too many, retried in the pace's turns (drain.pacing)
+    refusals: int = 32  # refusals as too many, retried in the pace's turns (ckptgw.store.pacing)
     refusal_seconds: float = 30.0  # ... within this long from the call's first attempt
     base: float = 0.1  # seconds before the first retry (before jitter)
     cap: float = 20.0  # the longest single wait
@@ -168,6 +167,11 @@ class RetryingStore(Store):
     temporary error and never yield an item twice. :meth:`copy` is the only place that
     copies part by part (objects above the inner store's ``copy_limit``), so its own
     ``copy_limit`` is None: its ``copy`` takes any size.
+
+    ``part_size_key``: the metadata key under which an object names the part size its
+    checksum was computed in (the filesystem's, :data:`ckptgw.fsops.objectmeta.PART_SIZE`); a
+    copy made part by part names its own part size there, since the store's CRC32 of the copy
+    is of its own parts. None: the metadata is copied as it is.
     """
 
     def __init__(
@@ -176,6 +180,8 @@ class RetryingStore(Store):
         policy: RetryPolicy,
         stats: RetryStats,
         pacing: Pacing | None = None,
+        *,
+        part_size_key: str | None = None,
     ) -> None:
         if isinstance(inner, RetryingStore):  # attempts would multiply
             raise TypeError("the store already retries: use with_policy() for another policy")
@@ -183,12 +189,15 @@ class RetryingStore(Store):
         self.policy = policy
         self.stats = stats
         self.pacing = pacing if pacing is not None else Pacing()
+        self.part_size_key = part_size_key
         self.url = inner.url
 
     def with_policy(self, policy: RetryPolicy) -> RetryingStore:
         """The same store, stats and pacing, retried under ``policy`` (e.g. fewer attempts
         for a listing a user waits for)."""
-        return RetryingStore(self.inner, policy, self.stats, self.pacing)
+        return RetryingStore(
+            self.inner, policy, self.stats, self.pacing, part_size_key=self.part_size_key
+        )
 
     async def _retry(self, what: str, call: Callable[[], Awaitable[T]], kind: str = WRITE) -> T:
         pace = self.pacing.of(kind)
@@ -198,6 +207,9 @@ class RetryingStore(Store):
         """The inner store's view, with this gateway's pace of reads and writes."""
         view = self.inner.requests_view()
         return None if view is None else {**view, "pacing": self.pacing.view()}
+
+    def part_workers_view(self) -> dict[str, object] | None:
+        return self.inner.part_workers_view()
 
     async def check(self) -> None:
         await self._retry(f"checking the store {self.url}", self.inner.check, READ)
@@ -286,7 +298,7 @@ class RetryingStore(Store):
     async def copy(self, src: str, dst: str, metadata: dict[str, str] | None = None) -> str:
         """Server-side copy of any size; returns the new object's ETag. Its metadata is
         ``src``'s, or exactly ``metadata`` if given (then ``dst`` may be ``src``: an in-place
-        metadata update), as :meth:`drain.store.Store.copy` says.
+        metadata update), as :meth:`ckptgw.store.interface.Store.copy` says.
 
         Up to the inner store's ``copy_limit`` (S3: 5 GiB) it is one retried ``copy``, given
         ``metadata``. Above it, a multipart upload to ``dst`` created with ``metadata`` (or
@@ -310,8 +322,9 @@ class RetryingStore(Store):
             return await self._retry(what, lambda: self.inner.copy(src, dst, metadata))
         new_metadata = info.metadata if metadata is None else metadata
         part = min(limit, MAX_PART)
-        if PART_SIZE in new_metadata:  # the copy's checksum is the CRC32 of its own parts
-            new_metadata = {**new_metadata, PART_SIZE: str(part)}
+        key = self.part_size_key
+        if key is not None and key in new_metadata:  # the copy's CRC32 is of its own parts
+            new_metadata = {**new_metadata, key: str(part)}
         return await self._copy_in_parts(info, dst, new_metadata, part)
 
     async def _copy_in_parts(

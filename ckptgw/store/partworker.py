@@ -1,26 +1,11 @@
 """A part worker: a process that reads multipart parts from cache files and sends them.
 
-The daemon's :class:`drain.partpool.PartPool` starts these (``python -m
-ckptgw.drain.partworker FD PARENT``) so that the bytes of uploads are read, checksummed and
-sent by more than one interpreter. A worker runs its own :class:`drain.s3store.S3Store`; it
+The daemon's :class:`ckptgw.store.partpool.PartPool` starts these (``python -m
+ckptgw.store.partworker FD PARENT``) so that the bytes of uploads are read, checksummed and
+sent by more than one interpreter. A worker runs its own :class:`ckptgw.store.s3.S3Store`; it
 schedules nothing and journals nothing.
 
-The protocol, one JSON object per ``SOCK_SEQPACKET`` message on the socket ``FD``:
-
-* daemon -> worker: first ``{"op": "open", "url", "endpoint_url", "deadlines",
-  "max_connections"}`` (``deadlines``: :class:`drain.deadlines.Deadlines`, the daemon's);
-  then ``{"op": "part", "id", "key", "upload_id", "number", "offset", "length", "checksum",
-  "expect"}`` with the cache file's descriptor (``SCM_RIGHTS``: the worker reads the file the
-  daemon opened, no path and no second permission check), and ``{"op": "cancel", "id"}``.
-  ``expect`` false: the endpoint does not answer Expect: 100-continue, ask it no more.
-* worker -> daemon: ``{"ready": true}`` once its store is open; for each part one answer
-  with its ``id``: ``{"etag", "crc"}``, ``{"error", "temporary", "code", "retry_after",
-  "not_found"}`` (a classified :class:`StoreError`) or ``{"cancelled": true}``, each with
-  ``"expect"`` (whether the worker still asks Expect: 100-continue) and ``"no_continue"``
-  (why not); ``{"id", "stalled": {...}}`` when a part's request stalls (its
-  :meth:`RequestWatch.view` and ``text``, the line to log) and ``{"id", "stalled": null}``
-  when it moves again; and ``{"fatal": "..."}`` just before it exits on an error (the daemon
-  logs it: a worker's stderr may be /dev/null).
+The protocol is :mod:`ckptgw.store.partwire`'s.
 
 Credentials come only from the inherited environment and profile (the standard chain), never
 from the command line or the socket. A worker ends when the daemon's end of the socket
@@ -29,86 +14,33 @@ closes, and is killed if the daemon dies (``PR_SET_PDEATHSIG``).
 
 from __future__ import annotations
 
-import array
 import contextlib
 import ctypes
-import json
 import os
 import signal
 import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
-from ckptgw.drain.deadlines import Deadlines, RequestWatch
-from ckptgw.drain.partbuffers import PartBuffers
-from ckptgw.drain.store import NotFound, StoreError, read_part, take_buffer
-from ckptgw.drain.storeurl import parse_store_url
+from ckptgw.store.deadlines import Deadlines, RequestWatch
+from ckptgw.store.interface import StoreError, read_part, take_buffer
+from ckptgw.store.partbuffers import PartBuffers
+from ckptgw.store.partwire import Message, error_message, receive, send
+from ckptgw.store.url import parse_store_url
 
 if TYPE_CHECKING:
-    from ckptgw.drain.s3store import S3Store
+    from ckptgw.store.s3 import S3Store
 
-MAX_MESSAGE = 64 << 10
 PR_SET_PDEATHSIG = 1
-Message = dict[str, Any]
-
-
-def encode(msg: Message) -> bytes:
-    return json.dumps(msg, separators=(",", ":")).encode()
-
-
-async def send(sock: trio.socket.SocketType, msg: Message, fd: int | None = None) -> None:
-    """One message, with ``fd`` passed along if given."""
-    ancillary = []
-    if fd is not None:
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]).tobytes())]
-    await sock.sendmsg([encode(msg)], ancillary)
-
-
-async def receive(sock: trio.socket.SocketType) -> tuple[Message | None, list[int]]:
-    """The next message and the descriptors that came with it; (None, []) at end of file."""
-    data, ancillary, _, _ = await sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(4 * 4))
-    fds: list[int] = []
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            got = array.array("i")
-            got.frombytes(payload[: len(payload) - len(payload) % got.itemsize])
-            fds.extend(got)
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        return None, []
-    return json.loads(data), fds
-
-
-def error_message(e: StoreError) -> Message:
-    return {
-        "error": str(e),
-        "temporary": e.temporary,
-        "code": e.code,
-        "retry_after": e.retry_after,
-        "not_found": isinstance(e, NotFound),
-    }
-
-
-def error_of(msg: Message) -> StoreError:
-    """The StoreError an answer describes (its class and classification kept)."""
-    if msg.get("not_found"):
-        return NotFound(str(msg["error"]), str(msg.get("code") or "NoSuchKey"))
-    return StoreError(
-        str(msg["error"]),
-        temporary=bool(msg.get("temporary")),
-        code=str(msg.get("code") or ""),
-        retry_after=msg.get("retry_after"),
-    )
 
 
 async def serve(raw: socket.socket) -> None:
     """Answer the daemon's requests until it closes its end."""
-    from ckptgw.drain.s3store import S3Store  # after the socket is known good: botocore is slow
+    from ckptgw.store.s3 import S3Store  # after the socket is known good: botocore is slow
 
     sock = trio.socket.from_stdlib_socket(raw)
     opening, fds = await receive(sock)
@@ -156,7 +88,7 @@ class _StallReports:
     def on_stall(self, watch: RequestWatch, stalled: bool) -> None:
         """On the client's asyncio thread: rare (twice per stall at most), so one wake-up
         of trio each."""
-        from ckptgw.drain.s3store import stall_text
+        from ckptgw.store.s3 import stall_text
 
         view: Message | None = None
         if stalled and self.store is not None:
@@ -264,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print(
-            "usage: python -m ckptgw.drain.partworker FD PARENT_PID (started by the daemon)",
+            "usage: python -m ckptgw.store.partworker FD PARENT_PID (started by the daemon)",
             file=sys.stderr,
         )
         return 2

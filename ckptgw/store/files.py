@@ -7,7 +7,7 @@ in ``user.ckptgw.crc32`` (computed as the parts are joined). Multipart uploads a
 under ``PATH/.ckptgw-uploads/<id>/`` with one file per part, so resuming works as it does on
 S3. All blocking I/O runs on worker threads.
 
-A directory marker ``a/b/`` (a key ending in "/", see :class:`~drain.store.Store`) is the
+A directory marker ``a/b/`` (a key ending in "/", see :class:`~ckptgw.store.interface.Store`) is the
 empty file ``PATH/a/b/.ckptgw-dir``, its metadata in the same xattr; objects under ``a/b/``
 live beside it. Names starting with ``.ckptgw-`` are the store's own: below the root they are
 never keys (``_path`` refuses them) and never listed. At the root, ``.ckptgw-tmp``,
@@ -35,7 +35,8 @@ from typing import BinaryIO, TypeVar
 import trio
 import xxhash
 
-from ckptgw.drain.store import (
+from ckptgw.store.crc import composite, crc32, crc32_b64
+from ckptgw.store.interface import (
     PIECE,
     Body,
     Described,
@@ -52,8 +53,7 @@ from ckptgw.drain.store import (
     marker_error,
     short_read,
 )
-from ckptgw.drain.storeurl import StoreURL
-from ckptgw.fsops.contentsum import composite, crc32, crc32_b64
+from ckptgw.store.url import StoreURL
 
 T = TypeVar("T")
 _INTERNAL = ".ckptgw-"

@@ -27,7 +27,7 @@ copies), unlimited until the store first refuses one of its requests:
 
 Requests wait for their turn here, in order, one at a time; a waiting request holds no
 connection and no part buffer. This module only counts and decides; the one place that sends
-and retries (:mod:`drain.retry`) asks it for a turn and tells it each answer. Time is trio's,
+and retries (:mod:`ckptgw.store.retry`) asks it for a turn and tells it each answer. Time is trio's,
 so tests run it on a fake clock.
 """
 

@@ -11,20 +11,20 @@ the client's asyncio loop (:class:`Watchdog`) holds it to :class:`Deadlines`:
   that make the store work on a whole object first: CompleteMultipartUpload and copies);
 * while bytes move, either way: ``stall`` seconds without one of them moving;
 * a request sent with ``Expect: 100-continue``: ``continue_wait`` seconds for the 100, after
-  which the store (:class:`drain.s3store.S3Store`) stops asking that endpoint for it.
+  which the store (:class:`ckptgw.store.s3.S3Store`) stops asking that endpoint for it.
 
 Past ``warning`` seconds without progress a request is *stalled*: said once in the log (the
 store's ``on_stall``), and listed by ``ckptgw status`` and the metrics until it moves again;
 past its deadline the attempt is cancelled and fails with a temporary StoreError (code
-:data:`STALLED` or :data:`TIMEOUT`), which :mod:`drain.retry` retries like any transport
+:data:`STALLED` or :data:`TIMEOUT`), which :mod:`ckptgw.store.retry` retries like any transport
 error. The TCP connect itself is aiohttp's (``connect``, its ``sock_connect``).
 
 What it costs: a watch is written only on the asyncio thread, by plain attribute stores (a
 body's progress is a time and a byte count per 1 MiB chunk, no call across threads). One
 sweeper per store looks at every request in flight each :data:`TICK` seconds (it runs only
-while there are some), so a request costs no timer of its own: a timer per request, re-armed
-at each phase change, cost 0.05 ms of a small PUT's 1.7 ms of client CPU. The deadlines are
-kept to within a tick. The trio side reads the watches when status asks
+while there are some), so a request costs no timer of its own (a timer per request, re-armed
+at each phase change, costs more: docs/benchmarks.md). The deadlines are kept to within a
+tick. The trio side reads the watches when status asks
 (:meth:`Watchdog.views`). :func:`judge` is the whole rule, a pure function of a watch and the
 time, tested alone.
 """
@@ -39,7 +39,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from ckptgw.drain.store import StoreError
+from ckptgw.store.interface import StoreError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

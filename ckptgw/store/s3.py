@@ -1,72 +1,59 @@
-"""S3 and S3-compatible stores on aiobotocore (its aiohttp backend) in an asyncio loop of its own.
+"""S3 and S3-compatible stores on aiobotocore (its aiohttp backend).
 
-The client runs on a dedicated thread with an asyncio event loop; trio awaits each call's
-future, woken through its thread-safe ``run_sync_soon``, so no worker thread blocks per call.
-Cancellation from trio cancels the asyncio task. The HTTP layer is aiohttp (C header parser,
-bodies read from asyncio's protocol buffers): of the HTTP clients aiobotocore can use, the one
-that costs the least CPU per request (ARCHITECTURE.md, "The S3 client").
+The client runs on an asyncio loop of its own (:mod:`ckptgw.store.loopthread`): aiohttp needs
+asyncio, and of the HTTP layers aiobotocore can use it costs the least CPU per request (a C
+header parser, bodies read from asyncio's protocol buffers; ARCHITECTURE.md, "The S3 client";
+the measurements are in docs/benchmarks.md).
 
-* Request bodies are :class:`ChunkedBody`: aiohttp sends them as an async iterable of 1 MiB
-  chunks, with the length botocore measured, while botocore can still read and seek them.
-* A PUT or part asks ``Expect: 100-continue`` (our own botocore handler adds it, in place of
-  botocore's): its body is sent once the store says it wants it, so a request it refuses
-  (credentials, a bucket policy) costs no upload. An endpoint that does not answer it (some
-  proxies, load balancers and S3-compatible servers) would hold the body for ever (aiohttp
-  waits for the 100 without limit): the first request it leaves unanswered for
-  ``Deadlines.continue_wait`` (1 s) is sent again at once without it, and the store stops
-  asking that endpoint for the rest of its life (one WARNING; ``ckptgw status`` says so).
-  This is not a retry of a failure (:mod:`drain.retry` is the one place for those): it is the
-  same request in the form the endpoint speaks, at most once per call.
-* Every request is held to :class:`drain.deadlines.Deadlines` (connect, first byte of the
-  answer, no progress while bytes move) by the store's sweeper on the asyncio loop
-  (:class:`drain.deadlines.Watchdog`); an attempt past one fails with a temporary StoreError
-  (``Stalled``, ``Timeout``), and one past ``Deadlines.warning`` without progress is logged
-  once and listed by :meth:`S3Store.requests_view`.
-* aiohttp's own resend of an idempotent request on a closed kept-alive connection is off
-  (:class:`_Session`): such a retry is made, counted and logged by :mod:`drain.retry`.
-* botocore's own retries are off (one attempt per call); :mod:`drain.retry` is the one place.
-* Every PUT and every part carries its CRC32 (``x-amz-checksum-crc32``), so the store checks
-  the bytes it received (a mismatch is ``BadDigest``, retried: the bytes go again), and a
-  multipart upload is made with ``ChecksumAlgorithm=CRC32``: the object's checksum is then
-  the CRC32 of its parts' CRC32s (S3's COMPOSITE type). boto3 does the same by default. An
-  upload that names no algorithm makes the store compute a full-object checksum at
-  CompleteMultipartUpload (S3 defaults to CRC64NVME); moto does that in Python over a copy
-  of the whole object, which made our 1 GiB completes 2-3x slower than boto3's (11 s vs 4-5 s).
+* Request bodies stream in 1 MiB chunks (:class:`ckptgw.store.s3http.ChunkedBody`).
+* A PUT or part asks ``Expect: 100-continue`` (our botocore handler, in place of botocore's),
+  so a request the store refuses (credentials, a bucket policy) costs no upload. aiohttp waits
+  for the 100 without limit, and some proxies, load balancers and S3-compatible servers never
+  send it: a request left unanswered for ``Deadlines.continue_wait`` is sent again at once
+  without it, and the store asks that endpoint no more (one WARNING; ``ckptgw status`` says
+  so). That is the same request in the form the endpoint speaks, at most once per call, not
+  a retry of a failure.
+* Every request is held to :class:`ckptgw.store.deadlines.Deadlines` by the store's
+  :class:`ckptgw.store.deadlines.Watchdog` on the asyncio loop; an attempt past one fails with
+  a temporary StoreError (``Stalled``, ``Timeout``), and one idle past ``Deadlines.warning`` is
+  logged once and listed by :meth:`S3Store.requests_view`.
+* Retries happen in one place, :mod:`ckptgw.store.retry`: botocore's are off (one attempt per
+  call), and so is aiohttp's own resend on a closed kept-alive connection
+  (:class:`ckptgw.store.s3http.Session`), which would be neither counted nor logged.
+* Every PUT and part carries its CRC32 (``x-amz-checksum-crc32``), so the store checks the
+  bytes it received (a mismatch is ``BadDigest``, retried). A multipart upload names
+  ``ChecksumAlgorithm=CRC32``, as boto3 does: the object's checksum is then the CRC32 of its
+  parts' CRC32s (S3's COMPOSITE type), and the store computes no full-object checksum at
+  CompleteMultipartUpload (which costs a server such as moto a pass over the whole object).
   The CRC is computed on a worker thread for a body over ``INLINE_CRC``.
-* Every exception leaves this module as a classified :class:`StoreError`. Messages name the
-  operation, the key and the server's error code, never credentials.
+* Every exception leaves this module as a classified :class:`StoreError`
+  (:func:`ckptgw.store.s3errors.translate`).
 * Credentials: the standard chain (environment, profile, instance metadata); ``AWS_CA_BUNDLE``
   is honoured by botocore, the endpoint URL comes from the config or ``AWS_ENDPOINT_URL``.
+* Parts sent with :meth:`S3Store.upload_part_from` go from worker processes when a
+  :class:`PartSender` is handed in (:func:`ckptgw.store.open.open_store` does).
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import datetime
 import email.utils
 import logging
 import os
-import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
-import aiohttp
-import botocore.exceptions as bex
 import trio
 from aiobotocore.config import AioConfig
-from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import get_session
 from botocore.handlers import add_expect_header
 
-from ckptgw.drain.deadlines import (
-    ANSWER,
+from ckptgw.store.crc import crc32, crc32_b64
+from ckptgw.store.deadlines import (
     CHECK_ANSWER,
-    CONNECTING,
-    CONTINUE,
-    CURRENT,
     NO_CONTINUE,
     RECEIVING,
     SENDING,
@@ -76,9 +63,7 @@ from ckptgw.drain.deadlines import (
     Watchdog,
     limits,
 )
-from ckptgw.drain.partpool import PartPool
-from ckptgw.drain.store import (
-    CREDENTIAL_CODES,
+from ckptgw.store.interface import (
     MAX_COPY,
     PIECE,
     Body,
@@ -87,7 +72,6 @@ from ckptgw.drain.store import (
     NotFound,
     ObjectInfo,
     Progress,
-    Stale,
     Store,
     StoreError,
     Upload,
@@ -96,127 +80,15 @@ from ckptgw.drain.store import (
     marker_error,
     short_read,
 )
-from ckptgw.drain.storeurl import StoreURL, without_userinfo
-from ckptgw.fsops.contentsum import crc32, crc32_b64
+from ckptgw.store.loopthread import LoopThread
+from ckptgw.store.s3errors import TEMPORARY_CODES, translate
+from ckptgw.store.s3http import ChunkedBody, Session, sending
+from ckptgw.store.url import StoreURL, without_userinfo
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1 << 20
 INLINE_CRC = 1 << 20  # bodies up to this size have their CRC32 computed on the caller's thread
-CANCEL_WAIT = 5.0  # seconds a cancelled request may take to end on the asyncio side
 MAX_LISTED = 100  # requests in flight that status lists (the longest without progress)
-
-_TEMPORARY_CODES = {
-    "SlowDown",
-    "RequestTimeout",
-    "Throttling",
-    "ThrottlingException",
-    "InternalError",
-    "ServiceUnavailable",
-    "RequestTimeTooSkewed",
-    "OperationAborted",
-    "BadDigest",  # the bytes that arrived do not match their CRC32: damaged on the way
-    "503",
-    "500",
-}
-
-
-class ChunkedBody:
-    """A request body botocore can read, seek and measure, and aiohttp streams in big
-    chunks (its async iteration), which tells the request's watch how far it got."""
-
-    def __init__(self, data: Body, watch: RequestWatch | None = None) -> None:
-        self._data = memoryview(data)
-        self._pos = 0
-        self._watch = watch
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def read(self, n: int | None = -1) -> bytes:
-        end = len(self._data) if n is None or n < 0 else min(len(self._data), self._pos + n)
-        chunk = bytes(self._data[self._pos : end])
-        self._pos = end
-        return chunk
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = (0, self._pos, len(self._data))[whence]
-        self._pos = base + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def __iter__(self) -> Iterator[bytes]:
-        while self._pos < len(self._data):
-            yield self.read(CHUNK)
-
-    async def __aiter__(self) -> AsyncIterator[memoryview]:
-        """What aiohttp sends: views of the body, not copies of it. It asks for the first
-        once the 100 Continue came (or at once, without Expect), and for each next one once
-        the last is written out (its buffer drained): each is progress."""
-        watch = self._watch
-        if watch is not None:
-            watch.to(SENDING, time.monotonic())
-        while self._pos < len(self._data):
-            end = min(len(self._data), self._pos + CHUNK)
-            chunk = self._data[self._pos : end]
-            self._pos = end
-            yield chunk
-            if watch is not None:  # asked for more: that one is written out
-                watch.moved(time.monotonic(), sent=len(chunk))
-        if watch is not None:
-            watch.to(ANSWER, time.monotonic())
-
-
-def translate(e: BaseException, what: str) -> StoreError:
-    """Classify any exception of botocore or the HTTP layer."""
-    if isinstance(e, StoreError):
-        return e
-    if isinstance(e, bex.ClientError):
-        err = e.response.get("Error", {})
-        meta = e.response.get("ResponseMetadata", {})
-        code = str(err.get("Code", ""))
-        status = int(meta.get("HTTPStatusCode", 0) or 0)
-        message = str(err.get("Message", "")) or code
-        headers = meta.get("HTTPHeaders", {}) or {}
-        retry_after = _retry_after(headers.get("retry-after"))
-        if code in ("NoSuchKey", "NoSuchUpload") or (status == 404 and code in ("404", "")):
-            return NotFound(f"{what}: not found", code or "NoSuchKey")
-        if code in ("PreconditionFailed", "412") or status == 412:  # If-Match: a new version
-            return Stale(f"{what}: the object changed (it no longer has the ETag asked for)")
-        if code == "NoSuchBucket":
-            return StoreError(f"{what}: the bucket does not exist", temporary=False, code=code)
-        if code in CREDENTIAL_CODES:
-            return StoreError(
-                f"{what}: access denied ({code}): check the credentials and the bucket policy",
-                temporary=False,
-                code=code,
-            )
-        temporary = status >= 500 or status == 429 or code in _TEMPORARY_CODES
-        return StoreError(
-            f"{what}: {code or status} {message}".strip(),
-            temporary=temporary,
-            code=code,
-            retry_after=retry_after,
-        )
-    if isinstance(e, bex.NoCredentialsError | bex.PartialCredentialsError):
-        return StoreError(
-            f"{what}: no credentials found (environment, profile or instance role)",
-            temporary=False,
-            code="NoCredentials",
-        )
-    if isinstance(e, bex.ParamValidationError):
-        return StoreError(f"{what}: {e}", temporary=False, code="BadRequest")
-    if isinstance(e, bex.BotoCoreError | OSError | EOFError) or _is_transport_error(e):
-        return StoreError(f"{what}: {type(e).__name__}: {e}", temporary=True, code="Transport")
-    raise e
-
-
-def _is_transport_error(e: BaseException) -> bool:
-    """aiohttp's errors that reach us unwrapped: while a body streams (a connection reset,
-    a payload cut short) and timeouts."""
-    return isinstance(e, aiohttp.ClientError | asyncio.TimeoutError)
 
 
 def _pwritev_all(fd: int, buffers: list[bytes], offset: int) -> int:
@@ -276,73 +148,7 @@ def _timestamp(value: object) -> float:
     return value.timestamp() if isinstance(value, datetime.datetime) else 0.0
 
 
-def _retry_after(value: object) -> float | None:
-    try:
-        return max(0.0, float(str(value)))
-    except (TypeError, ValueError):
-        return None
-
-
 T = TypeVar("T")
-
-
-def _sending(request: Any, **kwargs: Any) -> None:
-    """botocore's ``before-send``: the request is signed and goes now (a connection, its
-    head, then its body). Returns None: anything else would be taken as its response."""
-    watch = CURRENT.get()
-    if watch is not None:
-        if request.headers.get("Expect") in (b"100-continue", "100-continue"):  # bytes here
-            watch.expect = True
-            # The wait for the 100 counts from when the head goes, on a connection: told by
-            # the session's trace (_head_sent), where it has one; a slow connect is not an
-            # unanswered Expect.
-            phase = CONNECTING if _Session.traced else CONTINUE
-        else:
-            phase = CONNECTING if watch.size else ANSWER
-        watch.to(phase, time.monotonic())
-
-
-async def _head_sent(session: object, ctx: object, params: object) -> None:
-    """aiohttp's trace: the request's head is written, on a connection it has now."""
-    watch = CURRENT.get()
-    if watch is not None and watch.expect and watch.phase == CONNECTING:
-        watch.to(CONTINUE, time.monotonic())
-
-
-class _Session(AIOHTTPSession):  # type: ignore[misc]  # aiobotocore has no types
-    """aiobotocore's aiohttp session, with two changes to each aiohttp session it opens:
-
-    * aiohttp sends an idempotent request (GET, HEAD, PUT, DELETE) again by itself when the
-      kept-alive connection it was sent on turns out closed (RFC 9112 lets a client); such a
-      retry (a lost answer to a DELETE, say) would be neither counted nor logged. It is
-      turned off, so the error reaches :mod:`drain.retry`, which retries it like any other.
-    * a trace says when a request's head is written, on a connection (:func:`_head_sent`).
-
-    Both are aiohttp session attributes without a public setter after construction (the
-    session is made by aiobotocore); where they are missing, aiohttp's own behaviour stays
-    and :data:`traced` stays False."""
-
-    traced = False  # a session has the head-sent trace: the 100-continue wait starts there
-    _trace = aiohttp.TraceConfig()
-    _trace.on_request_headers_sent.append(_head_sent)
-    _trace.freeze()
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._tuned: set[int] = set()  # the aiohttp sessions changed (they live as long)
-
-    async def _get_session(self, proxy_url: Any) -> Any:
-        session = await super()._get_session(proxy_url)
-        if id(session) in self._tuned:
-            return session
-        self._tuned.add(id(session))
-        if hasattr(session, "_retry_connection"):
-            session._retry_connection = False
-        configs = getattr(session, "_trace_configs", None)
-        if isinstance(configs, list):
-            configs.append(self._trace)
-            _Session.traced = True
-        return session
 
 
 def stall_text(watch: RequestWatch, endpoint: str, deadlines: Deadlines) -> str:
@@ -365,66 +171,37 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-class LoopThread:
-    """An asyncio event loop on a thread of its own, and a way for trio to await on it."""
+class PartSender(Protocol):
+    """Who sends this store's parts from other processes (:class:`ckptgw.store.partpool.PartPool`,
+    handed to the store by :func:`ckptgw.store.open.open_store`)."""
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="s3-asyncio", daemon=True
-        )
-        self._thread.start()
+    usable: bool  # False once it gave up: parts go from this process again
+    no_continue: str | None  # why its workers no longer ask Expect: 100-continue
+    stalls: int  # parts that stalled in its workers
 
-    async def run(self, make: Callable[[], Awaitable[T]]) -> T:
-        """Await ``make()`` on the asyncio loop. Cancelled from trio, it cancels the asyncio
-        task and waits (up to ``CANCEL_WAIT`` seconds) until that task has ended, so a request
-        cancelled here is no longer in flight when this returns: a delete of the same key
-        after a cancelled PUT cannot be overtaken by it on our side."""
-        token = trio.lowlevel.current_trio_token()
-        done = trio.Event()
-        running: list[asyncio.Task[T]] = []
+    async def upload_part(
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        fd: int,
+        offset: int,
+        length: int,
+        *,
+        checksum: bool,
+        expect: bool = True,
+    ) -> tuple[str, int]: ...
 
-        async def job() -> T:
-            task = asyncio.current_task()
-            assert task is not None
-            running.append(task)
-            return await make()
+    def in_flight(self) -> list[dict[str, Any]]: ...
 
-        def finished(_: object) -> None:
-            # The future is done once the task has ended (or was cancelled before it began):
-            # one wake-up of trio per call, for its result and for a cancel alike.
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(done.set)
-
-        fut = asyncio.run_coroutine_threadsafe(job(), self.loop)
-        fut.add_done_callback(finished)
-        try:
-            await done.wait()
-        except BaseException:
-            if running:  # started: cancel it and wait for it to end
-                self.loop.call_soon_threadsafe(running[0].cancel)
-                with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_WAIT):
-                    await done.wait()
-            fut.cancel()
-            raise
-        return fut.result()
-
-    def close(self) -> None:
-        def stop() -> None:
-            # What still runs (the watchdog's sweeper, between two looks) ends first: the
-            # cancels are handled in the loop's next turn, before the stop queued after them.
-            for task in asyncio.all_tasks(self.loop):
-                task.cancel()
-            self.loop.call_soon(self.loop.stop)
-
-        self.loop.call_soon_threadsafe(stop)
-        self._thread.join(10)
-        if not self._thread.is_alive():
-            self.loop.close()
+    def view(self) -> dict[str, object]: ...
 
 
 class S3Store(Store):
     copy_limit = MAX_COPY
+    #: Sends the parts of :meth:`upload_part_from` from worker processes; None: this process
+    #: sends them.
+    part_sender: PartSender | None = None
 
     def __init__(
         self,
@@ -462,13 +239,11 @@ class S3Store(Store):
         region: str | None = None,
         max_connections: int = 32,
         deadlines: Deadlines | None = None,
-        part_workers: int = 0,
         on_stall: OnStall | None = None,
     ) -> AsyncIterator[S3Store]:
-        """``part_workers`` > 0: parts sent with :meth:`upload_part_from` go from that many
-        worker processes (:mod:`drain.partpool`). ``on_stall``: told of each request that
-        becomes stalled or moves again (on the asyncio thread); by default the first time
-        is logged."""
+        """``on_stall``: told of each request that becomes stalled or moves again (on the
+        asyncio thread); by default the first time is logged. Parts go from this process
+        unless a :attr:`part_sender` is handed in (:func:`ckptgw.store.open.open_store`)."""
         deadlines = deadlines or Deadlines()
         config = AioConfig(
             # No SHA-256 of every body on the trio thread: integrity comes from TLS, the CRC32
@@ -482,11 +257,11 @@ class S3Store(Store):
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
             connect_timeout=deadlines.connect,
-            # a backstop only: the watchdog (drain.deadlines) holds each request to its phase's
-            # deadline first
+            # a backstop only: the watchdog (ckptgw.store.deadlines) holds each request to its
+            # phase's deadline first
             read_timeout=deadlines.read_timeout,
             max_pool_connections=max_connections,
-            http_session_cls=_Session,
+            http_session_cls=Session,
         )
         loop = LoopThread()
         try:
@@ -498,23 +273,12 @@ class S3Store(Store):
             except Exception as e:
                 raise translate(e, f"connecting to {url}") from None
             try:
-                async with contextlib.AsyncExitStack() as stack:
-                    store = cls(url, client, loop, deadlines, max_connections, on_stall)
-                    events = client.meta.events
-                    events.unregister("before-call.s3", add_expect_header)
-                    events.register("before-call.s3", store._ask_continue)
-                    events.register("before-send.s3", _sending)
-                    if part_workers > 0:
-                        store.part_pool = await stack.enter_async_context(
-                            PartPool.open(
-                                part_workers,
-                                url=str(url),
-                                endpoint_url=endpoint_url,
-                                deadlines=deadlines,
-                                max_connections=max_connections,
-                            )
-                        )
-                    yield store
+                store = cls(url, client, loop, deadlines, max_connections, on_stall)
+                events = client.meta.events
+                events.unregister("before-call.s3", add_expect_header)
+                events.register("before-call.s3", store._ask_continue)
+                events.register("before-send.s3", sending)
+                yield store
             finally:
                 with trio.CancelScope(shield=True):
                     await loop.run(lambda: client_cm.__aexit__(None, None, None))
@@ -557,8 +321,8 @@ class S3Store(Store):
         """The requests in flight here and in the part workers, the longest without progress
         first; each says whether it is ``stalled``."""
         views = self.watchdog.views(time.monotonic())
-        if self.part_pool is not None:
-            views += self.part_pool.in_flight()
+        if self.part_sender is not None:
+            views += self.part_sender.in_flight()
         return sorted(views, key=lambda v: -v["idle"])
 
     def requests_view(self) -> dict[str, Any]:
@@ -566,7 +330,7 @@ class S3Store(Store):
         dog = self.watchdog
         d = dog.deadlines
         requests = self.in_flight()
-        pool = self.part_pool
+        pool = self.part_sender
         return {
             "endpoint": self.endpoint,
             "expect_continue": self.expect_continue,
@@ -583,6 +347,9 @@ class S3Store(Store):
             "stalls": dog.stalls + (pool.stalls if pool is not None else 0),
             "cancelled": dog.cancelled,
         }
+
+    def part_workers_view(self) -> dict[str, object] | None:
+        return None if self.part_sender is None else self.part_sender.view()
 
     # -- calls -------------------------------------------------------------------------------------
 
@@ -801,7 +568,7 @@ class S3Store(Store):
                 code = str(e.get("Code", ""))
                 raise StoreError(
                     f"{what}: {len(errors)} failed, e.g. {e.get('Key')}: {code}",
-                    temporary=code in _TEMPORARY_CODES or code == "InternalError",
+                    temporary=code in TEMPORARY_CODES or code == "InternalError",
                     code=code,
                 )
 
@@ -830,7 +597,7 @@ class S3Store(Store):
 
     async def copy(self, src: str, dst: str, metadata: dict[str, str] | None = None) -> str:
         """One CopyObject (S3 refuses it above ``copy_limit``, 5 GiB: bigger objects are
-        copied by :meth:`drain.retry.RetryingStore.copy`, part by part with ``copy_part``).
+        copied by :meth:`ckptgw.store.retry.RetryingStore.copy`, part by part with ``copy_part``).
 
         With ``metadata``, MetadataDirective REPLACE (the only self-copy S3 allows). Either
         way the tags are copied, the storage class is not (the copy is STANDARD), and the
@@ -945,10 +712,10 @@ class S3Store(Store):
     async def upload_part_from(
         self, key: str, upload_id: str, number: int, fd: int, offset: int, length: int
     ) -> tuple[str, int]:
-        if self.part_pool is None or not self.part_pool.usable:
+        pool = self.part_sender
+        if pool is None or not pool.usable:
             return await super().upload_part_from(key, upload_id, number, fd, offset, length)
         crcs = self._crcs.get(upload_id)
-        pool = self.part_pool
         try:
             etag, crc = await pool.upload_part(
                 key,

@@ -1,8 +1,8 @@
 """Buffers for the parts of multipart uploads, reused from one part to the next.
 
 A part read into a fresh 16 MiB ``bytes`` costs page faults for every page, and once freed
-glibc keeps it in the arena of the thread that read it: the daemon's peak memory grew with
-the reading threads, to 6-8x boto3's for one upload. Here a part is read into a buffer of
+glibc keeps it in the arena of the thread that read it, so the daemon's peak memory grows
+with the reading threads (measured: docs/benchmarks.md). Here a part is read into a buffer of
 private anonymous memory (``mmap``, transparent huge pages asked for) taken from a free
 list, and given back when its request has ended. Buffers in use are bounded by the parts in
 flight; free ones by ``keep``, and they are let go (returned to the system at once: no arena
