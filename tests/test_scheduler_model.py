@@ -28,7 +28,7 @@ import trio
 import trio.testing
 
 from ckptgw.drain.scheduler import Hold, Ready, ScheduleConfig, Scheduler
-from ckptgw.drain.store import StoreError
+from ckptgw.store.interface import StoreError
 
 FILES = 3  # named files at once
 INODES = 8  # files made in one walk (inode numbers are not reused)
