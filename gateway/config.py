@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ckptgw.drain.lifecycle import BucketRules, RunPolicy
-from ckptgw.drain.retention import Policy
+from ckptgw.drain.retention.lifecycle import BucketRules, RunPolicy
+from ckptgw.drain.retention.policy import Policy
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.settings import BY_NAME, SECTIONS, default, known, parse_size
 from ckptgw.store.deadlines import Deadlines

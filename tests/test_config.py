@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptgw.drain.lifecycle import RunPolicy
+from ckptgw.drain.retention.lifecycle import RunPolicy
 from ckptgw.gateway.config import _KNOWN, Config, load_config
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.nfsexport import load_export

@@ -53,7 +53,7 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
         "gateway/cli.py",
         "gateway/status.schema.json",
         "fsops/state.py",
-        "drain/engine.py",
+        "drain/uploads/engine.py",
         "store/interface.py",
         "store/partworker.py",
         "__main__.py",
@@ -63,7 +63,7 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
     here = {
         f"ckptgw/{p.relative_to(ROOT)}"
         for folder in ("gateway", "fsops", "drain")
-        for p in (ROOT / folder).glob("*.py")
+        for p in (ROOT / folder).rglob("*.py")
     } | {str(p.relative_to(ROOT)) for p in (ROOT / "ckptgw/store").glob("*.py")}
     assert here <= set(names), here - set(names)
     assert "ckptgw = ckptgw.gateway.cli:main" in entry_points
@@ -93,8 +93,8 @@ def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) 
         [
             sys.executable,
             "-c",
-            "import ckptgw.gateway.cli, ckptgw.drain.engine, ckptgw.store.s3; "
-            "print(ckptgw.gateway.cli.__file__); print(ckptgw.drain.engine.__file__); "
+            "import ckptgw.gateway.cli, ckptgw.drain.uploads.engine, ckptgw.store.s3; "
+            "print(ckptgw.gateway.cli.__file__); print(ckptgw.drain.uploads.engine.__file__); "
             "print(ckptgw.store.s3.__file__)",
         ],
         cwd=tmp_path,
