@@ -98,6 +98,13 @@ def test_no_modules_import_one_another_in_a_circle() -> None:
         visit(module, [])
 
 
+def test_nothing_imports_the_bench_suite() -> None:
+    """bench.suite runs the sections (bench/sections/), which share bench.common: none of
+    them, nor anything else, imports the suite back."""
+    importers = sorted(m for m, deps in _graph().items() if "bench.suite" in deps)
+    assert not importers, importers
+
+
 def test_the_checker_sees_a_circle_through_an_import_inside_a_function(tmp_path: Path) -> None:
     """The rules above can fail: two modules that import each other, one of them only
     inside a function, are named as a circle."""
