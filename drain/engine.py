@@ -27,7 +27,7 @@ from ckptgw.drain.storeops import StoreOps
 from ckptgw.drain.upload import Changed, UploadConfig, Uploader
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.inodes import Inode
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.journal.rows import InodeRow, State
 from ckptgw.store.interface import Store, StoreError
 from ckptgw.store.retry import RetryStats
 

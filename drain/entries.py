@@ -23,7 +23,7 @@ import trio
 
 from ckptgw.fsops.contentsum import parts_checksum
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.journal.rows import InodeRow, State
 from ckptgw.fsops.objectmeta import EntryMeta, decode
 from ckptgw.fsops.state import FileStates
 from ckptgw.fsops.storekeys import StoreKeys

@@ -50,7 +50,7 @@ import trio
 from ckptgw.drain.entries import Entries, read_meta
 from ckptgw.fsops.contentsum import Hasher, part_size_of
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
-from ckptgw.fsops.journal import State
+from ckptgw.fsops.journal.rows import State
 from ckptgw.fsops.space import CacheSpace
 from ckptgw.fsops.state import FileStates
 from ckptgw.store.interface import NotFound, ObjectInfo, Stale, Store, StoreError

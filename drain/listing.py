@@ -57,7 +57,7 @@ import trio
 from ckptgw.drain.entries import Entries, read_meta
 from ckptgw.drain.lookupwait import LookupWait, Pending
 from ckptgw.fsops.inodes import Inode, InodeTable
-from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
+from ckptgw.fsops.journal.rows import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.names import RESERVED
 from ckptgw.fsops.namespace import LISTED_DIR_MODE
 from ckptgw.fsops.objectmeta import SMALL_OBJECT, EntryMeta

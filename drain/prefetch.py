@@ -46,7 +46,7 @@ from ckptgw.drain.entries import Entries
 from ckptgw.drain.fetch import Fetcher
 from ckptgw.drain.listing import Listings
 from ckptgw.fsops.inodes import Inode, InodeTable
-from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
+from ckptgw.fsops.journal.rows import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.space import CacheSpace
 from ckptgw.fsops.storekeys import StoreKeys
 

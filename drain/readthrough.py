@@ -21,7 +21,7 @@ from ckptgw.drain.listing import Listings
 from ckptgw.drain.lookupwait import LookupWait, Pending
 from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.fsops.inodes import Inode, fs_error
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.journal.rows import InodeRow, State
 
 
 class ReadThrough:

@@ -32,7 +32,7 @@ import trio
 
 from ckptgw.drain.scheduler import Scheduler, Signal
 from ckptgw.fsops.filesystem import Filesystem
-from ckptgw.fsops.journal import State, StoreOp
+from ckptgw.fsops.journal.rows import State, StoreOp
 from ckptgw.fsops.objectmeta import encode, updated
 from ckptgw.store.interface import NotFound, Store, StoreError
 from ckptgw.store.retry import RetryStats

@@ -39,7 +39,7 @@ import xxhash
 from ckptgw.drain.progress import COMPLETING, SENDING, DrainStats, UploadProgress
 from ckptgw.fsops.contentsum import PARTS, part_size_of, parts_checksum
 from ckptgw.fsops.inodes import Inode, InodeTable
-from ckptgw.fsops.journal import State, UploadRow
+from ckptgw.fsops.journal.rows import State, UploadRow
 from ckptgw.fsops.namespace import needs_no_marker
 from ckptgw.fsops.objectmeta import CHECKSUM, encode
 from ckptgw.fsops.state import FileStates

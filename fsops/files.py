@@ -26,7 +26,7 @@ import trio
 
 from ckptgw.fsops.cache import start_writeback
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
-from ckptgw.fsops.journal import State
+from ckptgw.fsops.journal.rows import State
 from ckptgw.fsops.passthrough import Passthrough
 from ckptgw.fsops.space import CacheSpace
 from ckptgw.fsops.state import FileStates

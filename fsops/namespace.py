@@ -33,7 +33,8 @@ from typing import Protocol
 import pyfuse3
 
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
-from ckptgw.fsops.journal import InodeRow, Journal, State
+from ckptgw.fsops.journal import Journal
+from ckptgw.fsops.journal.rows import InodeRow, State
 from ckptgw.fsops.names import KeyRules
 from ckptgw.fsops.objectmeta import XATTR_NAMESPACE, xattrs_fit
 from ckptgw.fsops.space import CacheSpace

@@ -23,7 +23,7 @@ import trio
 
 from ckptgw.fsops.cache import Room
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.journal.rows import InodeRow, State
 from ckptgw.fsops.state import FileStates
 
 log = logging.getLogger(__name__)

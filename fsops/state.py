@@ -29,7 +29,7 @@ import trio
 from ckptgw.fsops.cache import Room
 from ckptgw.fsops.events import DrainEvents
 from ckptgw.fsops.inodes import Inode, InodeTable
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.journal.rows import InodeRow, State
 
 log = logging.getLogger(__name__)
 

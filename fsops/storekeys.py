@@ -40,7 +40,7 @@ import trio
 
 from ckptgw.fsops.events import DrainEvents
 from ckptgw.fsops.inodes import Inode, InodeTable
-from ckptgw.fsops.journal import InodeRow, State, StoreOp
+from ckptgw.fsops.journal.rows import InodeRow, State, StoreOp
 from ckptgw.fsops.state import FileStates
 
 RECENT = 600.0  # seconds a key stays in recently_stored / recently_removed

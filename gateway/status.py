@@ -27,7 +27,7 @@ from ckptgw.drain.lookupwait import LookupWait
 from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.drain.progress import UploadProgress
 from ckptgw.fsops.filesystem import Filesystem
-from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
+from ckptgw.fsops.journal.rows import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.storekeys import object_key
 from ckptgw.gateway.checkpointrows import checkpoint_rows
 from ckptgw.gateway.nfsserve import read_state

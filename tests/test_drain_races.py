@@ -30,7 +30,7 @@ from ckptgw.drain.scheduler import Hold, Scheduler
 from ckptgw.drain.upload import META_CHECKSUM, UploadConfig
 from ckptgw.fsops.contentsum import Hasher, parts_checksum
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
-from ckptgw.fsops.journal import ROOT_INODE, State
+from ckptgw.fsops.journal.rows import ROOT_INODE, State
 from ckptgw.fsops.namespace import AttrChange
 from ckptgw.fsops.objectmeta import CHECKSUM, PART_SIZE
 from ckptgw.store.files import FileStore

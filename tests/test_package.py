@@ -53,6 +53,7 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
         "gateway/cli.py",
         "gateway/status.schema.json",
         "fsops/state.py",
+        "fsops/journal/rows.py",
         "drain/engine.py",
         "store/interface.py",
         "store/partworker.py",
@@ -63,7 +64,7 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
     here = {
         f"ckptgw/{p.relative_to(ROOT)}"
         for folder in ("gateway", "fsops", "drain")
-        for p in (ROOT / folder).glob("*.py")
+        for p in (ROOT / folder).rglob("*.py")
     } | {str(p.relative_to(ROOT)) for p in (ROOT / "ckptgw/store").glob("*.py")}
     assert here <= set(names), here - set(names)
     assert "ckptgw = ckptgw.gateway.cli:main" in entry_points
