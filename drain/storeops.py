@@ -30,10 +30,11 @@ import logging
 
 import trio
 
-from ckptgw.drain.scheduler import Scheduler, Signal
+from ckptgw.drain.scheduler import Scheduler
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal.rows import State, StoreOp
 from ckptgw.fsops.objectmeta import encode, updated
+from ckptgw.fsops.signal import Signal
 from ckptgw.store.interface import NotFound, Store, StoreError
 from ckptgw.store.retry import RetryStats
 

@@ -116,7 +116,7 @@ class StoreKeys:
                 self.note_stored(op.dst)
         self._op_done.set()
         self._op_done = trio.Event()
-        self.states.changes.bump()  # a file that waited for its move is durable now
+        self.states.changes.fire()  # a file that waited for its move is durable now
 
     async def settled(self, key: str, timeout: float) -> None:
         """Return once no pending store operation touches ``key`` (or after ``timeout``)."""

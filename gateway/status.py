@@ -315,7 +315,7 @@ class Reporter:
             # each ask moves ``_next_ask`` on for the others.
             while deadline > start and trio.current_time() < min(deadline, self._next_ask):
                 await trio.sleep_until(min(deadline, self._next_ask))
-            seen, t0 = changes.count, time.perf_counter()
+            seen, t0 = changes.version, time.perf_counter()
             answer = self.pending(paths)
             took = time.perf_counter() - t0
             now = trio.current_time()
