@@ -50,7 +50,8 @@ from typing import Any, TypeVar
 
 from bench.results import save
 from ckptgw.fsops.cache import CacheFiles
-from ckptgw.fsops.journal import ROOT_INODE, InodeRow, Journal, State
+from ckptgw.fsops.journal import Journal
+from ckptgw.fsops.journal.rows import ROOT_INODE, InodeRow, State
 from ckptgw.gateway.harness import Gateway, exit_on_sigterm
 
 PER_DIRECTORY = 1000  # files per checkpoint directory

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import trio
 
+from ckptgw.fsops.signal import Signal
+
 STATVFS_FOR = 0.001  # seconds a statvfs of the cache disk is reused
 _SYNC_FILE_RANGE_WRITE = 2
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -89,26 +91,6 @@ class SyncStats:
 
     files: int = 0  # of cache files, for an fsync request
     entries: int = 0  # of a shard directory, for a new cache file's entry
-
-
-class Room:
-    """The signal writers waiting for cache space wait on: something freed bytes, or a file
-    became clean (evictable). ``version`` counts the signals, so a waiter can tell whether
-    anything happened since it last looked."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self._event = trio.Event()
-
-    def changed(self) -> None:
-        self.version += 1
-        self._event.set()
-        self._event = trio.Event()
-
-    async def wait(self, timeout: float) -> None:
-        """Return at the next signal, or after ``timeout`` seconds."""
-        with trio.move_on_after(timeout):
-            await self._event.wait()
 
 
 class DirectWriter:
@@ -191,7 +173,7 @@ class CacheFiles:
         self.held = 0  # bytes of the reserve held in a file (passthrough mode)
         self.holding = False  # the reserve file is there (a reserve of 0 holds 0 bytes)
         self.release_reserve()  # one left by an earlier mount is not counted as held
-        self.room = Room()  # fired when bytes are freed (and by FileStates when a file is clean)
+        self.room = Signal()  # fired when bytes are freed (and by FileStates when a file is clean)
         self._dirfd = os.open(self.data, os.O_RDONLY | os.O_DIRECTORY)
         self.direct: DirectWriter | None = None
         if direct_io and direct_io_refusal(self.data) is None:
@@ -296,7 +278,7 @@ class CacheFiles:
         self.disk_changed()  # a remove or a truncate freed blocks
         if nbytes > 0:
             self.used = max(0, self.used - nbytes)
-            self.room.changed()
+            self.room.fire()
 
     def sync_file(self, fd: int, inode: int, datasync: bool, entry: bool) -> None:
         """Make a cache file's content durable (blocking: on a worker thread), and with

@@ -25,11 +25,10 @@ from dataclasses import dataclass
 import trio
 
 from ckptgw.fsops.cache import start_writeback
-from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
-from ckptgw.fsops.journal import State
+from ckptgw.fsops.inodes import Inode, fs_error
+from ckptgw.fsops.journal.rows import State
+from ckptgw.fsops.parts import OnParts, Parts
 from ckptgw.fsops.passthrough import Passthrough
-from ckptgw.fsops.space import CacheSpace
-from ckptgw.fsops.state import FileStates
 
 # An fsync on the event loop's own thread (OpenFiles.barrier): files up to this size, unless
 # one took longer than INLINE_SYNC_SLOW seconds in the last INLINE_SYNC_PAUSE seconds.
@@ -46,19 +45,9 @@ class Handle:
     backing: int  # > 0: a passthrough open on this backing id; 0: the daemon path
 
 
-class OpenFiles:
-    def __init__(
-        self,
-        table: InodeTable,
-        space: CacheSpace,
-        states: FileStates,
-        kernel_writeback_cache: bool,
-        path: Passthrough,
-    ) -> None:
-        self.table = table
-        self.cache = table.cache
-        self.space = space
-        self.states = states
+class OpenFiles(OnParts):
+    def __init__(self, parts: Parts, kernel_writeback_cache: bool, path: Passthrough) -> None:
+        super().__init__(parts)
         self.path = path
         self.kernel_writeback_cache = kernel_writeback_cache
         self._handles: dict[int, Handle] = {}

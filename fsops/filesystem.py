@@ -19,6 +19,7 @@ from ckptgw.fsops.journal import Journal, JournalError
 from ckptgw.fsops.names import KeyRules
 from ckptgw.fsops.namespace import Namespace
 from ckptgw.fsops.operations import Operations
+from ckptgw.fsops.parts import Parts
 from ckptgw.fsops.passthrough import Passthrough
 from ckptgw.fsops.recovery import RecoveryReport, recover
 from ckptgw.fsops.remote import LocalOnly, Remote
@@ -83,11 +84,10 @@ class Filesystem:
             raise
         self.space = CacheSpace(self.table, self.states, opts.cache_limit, opts.write_wait)
         self.keys = StoreKeys(self.table, self.states, self.events, opts.key_prefix)
-        self.namespace = Namespace(
-            self.table, KeyRules(opts.key_prefix), self.keys, self.space, self.states
-        )
+        self.parts = Parts(self.table, self.states, self.keys, self.space)
+        self.namespace = Namespace(self.parts, KeyRules(opts.key_prefix))
         self.path = Passthrough(opts.passthrough, self.cache, writers=opts.cache_limit is None)
-        self.files = OpenFiles(self.table, self.space, self.states, opts.writeback_cache, self.path)
+        self.files = OpenFiles(self.parts, opts.writeback_cache, self.path)
         self.requests = RequestStats()  # what the kernel asked, by kind
 
     def operations(self, remote: Remote | None = None) -> Operations:

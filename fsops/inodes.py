@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import trio
 
 from ckptgw.fsops.cache import CacheFiles
-from ckptgw.fsops.journal import ROOT_INODE, InodeRow, Journal, State
+from ckptgw.fsops.journal import Journal
+from ckptgw.fsops.journal.rows import ROOT_INODE, InodeRow, State
 
 log = logging.getLogger(__name__)
 

@@ -32,13 +32,12 @@ from typing import Protocol
 
 import pyfuse3
 
-from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
-from ckptgw.fsops.journal import InodeRow, Journal, State
+from ckptgw.fsops.inodes import Inode, fs_error
+from ckptgw.fsops.journal import Journal
+from ckptgw.fsops.journal.rows import InodeRow, State
 from ckptgw.fsops.names import KeyRules
 from ckptgw.fsops.objectmeta import XATTR_NAMESPACE, xattrs_fit
-from ckptgw.fsops.space import CacheSpace
-from ckptgw.fsops.state import FileStates
-from ckptgw.fsops.storekeys import StoreKeys
+from ckptgw.fsops.parts import OnParts, Parts
 
 log = logging.getLogger(__name__)
 
@@ -96,21 +95,10 @@ class AttrChange:
     ctime_ns: int | None = None
 
 
-class Namespace:
-    def __init__(
-        self,
-        table: InodeTable,
-        rules: KeyRules,
-        keys: StoreKeys,
-        space: CacheSpace,
-        states: FileStates,
-    ) -> None:
-        self.table = table
-        self.space = space
-        self.journal: Journal = table.journal
+class Namespace(OnParts):
+    def __init__(self, parts: Parts, rules: KeyRules) -> None:
+        super().__init__(parts)
         self.rules = rules
-        self.keys = keys
-        self.states = states
 
     # -- lookups ---------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ckptgw.fsops.contentsum import part_size_of
-from ckptgw.fsops.journal import InodeRow
+from ckptgw.fsops.journal.rows import InodeRow
 
 CHECKSUM = "xxh3-128"
 PART_SIZE = "part-size"  # a multipart upload's: its checksum is the store's CRC32 of its parts

@@ -22,7 +22,7 @@ import pyfuse3
 
 from ckptgw.fsops.files import OpenFiles
 from ckptgw.fsops.inodes import Inode
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.journal.rows import InodeRow, State
 from ckptgw.fsops.namespace import AttrChange, Namespace
 from ckptgw.fsops.remote import Remote
 from ckptgw.fsops.requeststats import RequestStats

@@ -41,7 +41,7 @@ import trio
 
 from ckptgw.fsops.cache import CacheFiles
 from ckptgw.fsops.inodes import Inode, fs_error
-from ckptgw.fsops.journal import State
+from ckptgw.fsops.journal.rows import State
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,8 @@ class Passthrough:
         only after the RELEASE of the last such writer (after its last descriptor is gone,
         so not at a FLUSH, which a ``dup`` outlives), and a writer may take the kernel's path
         again only once the reserve is held again (:meth:`kernel_writes`). Meanwhile the
-        journal commits into the room it keeps in its own WAL (:data:`fsops.journal.WAL_ROOM`).
+        journal commits into the room it keeps in its own WAL
+        (:data:`fsops.journal.connection.WAL_ROOM`).
         Once three reserves are free again, the reserve is taken back."""
         if not self.active:
             return

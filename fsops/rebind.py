@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ckptgw.fsops.filesystem import Filesystem
-from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
+from ckptgw.fsops.journal.rows import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.names import KEY_MAX
 
 

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ckptgw.fsops.cache import CacheFiles
-from ckptgw.fsops.journal import Journal, State
+from ckptgw.fsops.journal import Journal
+from ckptgw.fsops.journal.rows import State
 from ckptgw.fsops.state import FileStates
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import math
 from typing import Protocol
 
 from ckptgw.fsops.inodes import Inode, fs_error
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.journal.rows import InodeRow, State
 
 
 class Remote(Protocol):

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import trio
 
-from ckptgw.fsops.cache import Room
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.journal.rows import InodeRow, State
+from ckptgw.fsops.signal import Signal
 from ckptgw.fsops.state import FileStates
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class CacheSpace:
         self.limit = limit
         self.write_wait = write_wait
         self.stats = SpaceStats()
-        self.room: Room = self.cache.room
+        self.room: Signal = self.cache.room
         self._full_at = -1  # room.version when a write last gave up; -1: not full
         self._waiting = 0  # writes waiting for room now
         # Charged but not yet written (statvfs does not show it yet): writes on their way to
@@ -143,7 +143,8 @@ class CacheSpace:
                 remaining = deadline - trio.current_time()
                 if remaining <= 0 or (self._full and not patient):
                     break
-                await self.room.wait(min(remaining, 1.0))  # disk space freed by others, too
+                # disk space freed by others, too
+                await self.room.wait(self.room.version, min(remaining, 1.0))
                 self.evict(need)
                 if self.fits_now(need):
                     return

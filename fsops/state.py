@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import trio
 
-from ckptgw.fsops.cache import Room
 from ckptgw.fsops.events import DrainEvents
 from ckptgw.fsops.inodes import Inode, InodeTable
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.journal.rows import InodeRow, State
+from ckptgw.fsops.signal import Signal
 
 log = logging.getLogger(__name__)
 
@@ -110,37 +110,16 @@ def table() -> str:
     return "\n".join(lines)
 
 
-class Changes:
-    """How many changes of what is durable were made so far (every state transition, and
-    every batch of store operations done, since a file can wait for its move), and a wait for
-    the next one: what lets a client wait until entries are durable without asking again and
-    again."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._next: trio.Event | None = None  # made by the first waiter: none, no cost
-
-    def bump(self) -> None:
-        self.count += 1
-        if self._next is not None:
-            self._next.set()
-            self._next = None
-
-    async def wait(self, seen: int) -> None:
-        """Return once ``count`` is past ``seen`` (at once if it already is)."""
-        while self.count == seen:
-            if self._next is None:
-                self._next = trio.Event()
-            await self._next.wait()
-
-
 class FileStates:
-    def __init__(self, table: InodeTable, events: DrainEvents, room: Room) -> None:
+    def __init__(self, table: InodeTable, events: DrainEvents, room: Signal) -> None:
         self.table = table
         self.journal = table.journal
         self.events = events
         self.room = room
-        self.changes = Changes()
+        # Changes of what is durable so far (every state transition, and every batch of store
+        # operations done, since a file can wait for its move): what lets a client wait until
+        # entries are durable without asking again and again.
+        self.changes = Signal()
 
     def _current(self, row: InodeRow) -> InodeRow:
         return self.table.current(row)
@@ -152,7 +131,7 @@ class FileStates:
     def _write(self, row: InodeRow) -> None:
         with self.journal.transaction():
             self.journal.set_state(row)
-        self.changes.bump()  # inside an outer transaction that rolls back: a wake-up for nothing
+        self.changes.fire()  # inside an outer transaction that rolls back: a wake-up for nothing
 
     # -- rows that start in a state ------------------------------------------------------------
 
@@ -232,7 +211,7 @@ class FileStates:
         ino.state = CLEAN
         ino.stored_key, ino.stored_etag, ino.checksum = key, etag, checksum
         self._write(ino)
-        self.room.changed()  # evictable now: a writer waiting for room may go on
+        self.room.fire()  # evictable now: a writer waiting for room may go on
         return True
 
     def marker_implied(self, ino: Inode, generation: int) -> bool:
@@ -305,7 +284,7 @@ class FileStates:
         ino.state, ino.checksum = CLEAN, checksum
         ino.charged = ino.size
         self._write(ino)
-        self.room.changed()
+        self.room.fire()
 
     def cache_file_missing(self, row: InodeRow) -> None:
         """Recovery found no cache file for a clean file: the store still has it."""

@@ -40,7 +40,7 @@ import trio
 
 from ckptgw.fsops.events import DrainEvents
 from ckptgw.fsops.inodes import Inode, InodeTable
-from ckptgw.fsops.journal import InodeRow, State, StoreOp
+from ckptgw.fsops.journal.rows import InodeRow, State, StoreOp
 from ckptgw.fsops.state import FileStates
 
 RECENT = 600.0  # seconds a key stays in recently_stored / recently_removed
@@ -116,7 +116,7 @@ class StoreKeys:
                 self.note_stored(op.dst)
         self._op_done.set()
         self._op_done = trio.Event()
-        self.states.changes.bump()  # a file that waited for its move is durable now
+        self.states.changes.fire()  # a file that waited for its move is durable now
 
     async def settled(self, key: str, timeout: float) -> None:
         """Return once no pending store operation touches ``key`` (or after ``timeout``)."""

@@ -352,24 +352,18 @@ async def _read_through(
 ) -> None:
     """Serve files that are only in the store: listings merged into the namespace, fetches."""
     listing_store = store.with_policy(LISTING)  # on the path of a lookup: few attempts
-    entries = Entries(
-        fs.table, fs.states, fs.keys, store, cfg.listing_ttl, lookup_store=listing_store
-    )
+    entries = Entries(fs.parts, store, cfg.listing_ttl, lookup_store=listing_store)
     # A lookup waits for those few attempts no longer than lookup_wait (drain.reads.lookupwait).
     waits = LookupWait(cfg.lookup_wait, _store_where(cfg))
     listings = Listings(
-        fs.table,
-        fs.states,
-        fs.keys,
+        fs.parts,
         entries,
         listing_store,
         ListingConfig(ttl=cfg.listing_ttl),
         waits,
     )
     fetcher = Fetcher(
-        fs.table,
-        fs.states,
-        fs.space,
+        fs.parts,
         entries,
         store,
         FetchConfig(
@@ -377,12 +371,10 @@ async def _read_through(
         ),
     )
     prefetcher = Prefetcher(
-        fs.table,
-        fs.keys,
+        fs.parts,
         listings,
         entries,
         fetcher,
-        fs.space,
         Recognizer(cfg.checkpoint_patterns),
         auto=cfg.prefetch,
         pushback=store.pacing.reads.pushing_back,

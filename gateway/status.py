@@ -27,7 +27,7 @@ from ckptgw.drain.retention.lifecycle import Lifecycle as Retention
 from ckptgw.drain.uploads.engine import DrainEngine
 from ckptgw.drain.uploads.progress import UploadProgress
 from ckptgw.fsops.filesystem import Filesystem
-from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
+from ckptgw.fsops.journal.rows import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.storekeys import object_key
 from ckptgw.gateway.checkpointrows import checkpoint_rows
 from ckptgw.gateway.nfsserve import read_state
@@ -315,7 +315,7 @@ class Reporter:
             # each ask moves ``_next_ask`` on for the others.
             while deadline > start and trio.current_time() < min(deadline, self._next_ask):
                 await trio.sleep_until(min(deadline, self._next_ask))
-            seen, t0 = changes.count, time.perf_counter()
+            seen, t0 = changes.version, time.perf_counter()
             answer = self.pending(paths)
             took = time.perf_counter() - t0
             now = trio.current_time()

@@ -30,7 +30,7 @@ from ckptgw.drain.uploads.scheduler import Hold, Scheduler
 from ckptgw.drain.uploads.upload import META_CHECKSUM, UploadConfig
 from ckptgw.fsops.contentsum import Hasher, parts_checksum
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
-from ckptgw.fsops.journal import ROOT_INODE, State
+from ckptgw.fsops.journal.rows import ROOT_INODE, State
 from ckptgw.fsops.namespace import AttrChange
 from ckptgw.fsops.objectmeta import CHECKSUM, PART_SIZE
 from ckptgw.store.files import FileStore
@@ -161,8 +161,8 @@ async def node(
     scheduler.config = config.schedule()
     retrying = RetryingStore(store, RetryPolicy(attempts=2, base=0.01), RetryStats())
     engine = DrainEngine(fs, retrying, config, scheduler)
-    entries = Entries(fs.table, fs.states, fs.keys, retrying)
-    listings = Listings(fs.table, fs.states, fs.keys, entries, retrying, ListingConfig(ttl=0))
+    entries = Entries(fs.parts, retrying)
+    listings = Listings(fs.parts, entries, retrying, ListingConfig(ttl=0))
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(engine.run)
@@ -721,9 +721,9 @@ async def reader(
         FsOptions(store_url=store.url, reserve_bytes=0, **opts),
         Scheduler(DrainConfig().schedule()),
     )
-    entries = Entries(fs.table, fs.states, fs.keys, store)
-    listings = Listings(fs.table, fs.states, fs.keys, entries, store, ListingConfig())
-    fetcher = Fetcher(fs.table, fs.states, fs.space, entries, store, FetchConfig())
+    entries = Entries(fs.parts, store)
+    listings = Listings(fs.parts, entries, store, ListingConfig())
+    fetcher = Fetcher(fs.parts, entries, store, FetchConfig())
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(fetcher.run)

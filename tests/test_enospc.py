@@ -5,7 +5,8 @@ and on a small tmpfs (page-cache path).
 On the kernel's path (passthrough) the disk reserve is a file that no writer can take: these
 tests check that it is the journal's once the disk is full and no writer on the kernel's path
 is left open, whatever the writers' pace (a pause, a writer kept open), and that the journal
-still commits meanwhile (fsops.passthrough.Passthrough.check_room, fsops.journal.WAL_ROOM)."""
+still commits meanwhile (fsops.passthrough.Passthrough.check_room,
+fsops.journal.connection.WAL_ROOM)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ from ckptgw.drain.uploads.engine import DrainEngine
 from ckptgw.fsops import files as files_mod
 from ckptgw.fsops import objectmeta
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
-from ckptgw.fsops.journal import ROOT_INODE, JournalError, State
+from ckptgw.fsops.journal import JournalError
+from ckptgw.fsops.journal.rows import ROOT_INODE, State
 from ckptgw.fsops.namespace import AttrChange
 from ckptgw.fsops.requeststats import RequestStats
 from tests.conftest import errno_of

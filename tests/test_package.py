@@ -53,6 +53,7 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
         "gateway/cli.py",
         "gateway/status.schema.json",
         "fsops/state.py",
+        "fsops/journal/rows.py",
         "drain/uploads/engine.py",
         "store/interface.py",
         "store/partworker.py",

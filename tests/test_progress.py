@@ -22,7 +22,7 @@ import pytest
 import trio
 import trio.testing
 
-from ckptgw.fsops.state import Changes
+from ckptgw.fsops.signal import Signal
 from ckptgw.gateway import client
 from ckptgw.gateway.client import Mount, mount_of, wait_durable
 from ckptgw.gateway.errors import UserError
@@ -192,10 +192,10 @@ def test_status_text_words_one_file_and_moves() -> None:
 # -- a waiting ``pending``, on a fake clock --------------------------------------------------------
 
 
-def fake_reporter(left: dict[str, int], asks: list[float]) -> tuple[Reporter, Changes]:
+def fake_reporter(left: dict[str, int], asks: list[float]) -> tuple[Reporter, Signal]:
     """A Reporter with only what ``pending_within`` uses: the changes it waits on, and a
     ``pending`` that notes when it was asked."""
-    changes = Changes()
+    changes = Signal()
     reporter = Reporter.__new__(Reporter)
     reporter.fs = SimpleNamespace(states=SimpleNamespace(changes=changes))  # type: ignore[assignment]
     reporter._next_ask = -math.inf
@@ -217,7 +217,7 @@ def test_a_waiting_pending_asks_again_at_a_change_at_its_rechecks_and_at_its_dea
         async def finish() -> None:
             await trio.sleep(0.3)  # between two rechecks
             left["count"] = 0
-            changes.bump()
+            changes.fire()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(finish)
@@ -246,9 +246,9 @@ def test_waiting_pendings_together_ask_no_more_often_than_their_spacing() -> Non
         async def churn() -> None:
             for _ in range(500):
                 await trio.sleep(0.001)
-                changes.bump()
+                changes.fire()
             left["count"] = 0
-            changes.bump()
+            changes.fire()
 
         answers: list[dict[str, Any]] = []
 

@@ -20,7 +20,7 @@ import pyfuse3
 import pytest
 
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
-from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
+from ckptgw.fsops.journal.rows import ROOT_INODE, InodeRow, State
 from ckptgw.store.faultproxy import Fault, FaultProxy
 from ckptgw.store.interface import Body
 from tests.conftest import GatewayFactory, any_data_path

@@ -1,7 +1,8 @@
 """The journal's room on a full cache disk, without a mount (the mounted tests are in
 tests/test_enospc.py).
 
-Two promises: the journal commits into blocks its WAL already holds (fsops.journal.WAL_ROOM),
+Two promises: the journal commits into blocks its WAL already holds
+(fsops.journal.connection.WAL_ROOM),
 so a disk that writers filled to the last block does not stop it; and on the kernel's path the
 disk reserve, a file, is released only while no file is open for writing on that path, and
 no writer takes that path again before it is held again (Passthrough.check_room). The
@@ -23,7 +24,9 @@ import trio
 
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.inodes import Inode
-from ckptgw.fsops.journal import ROOT_INODE, WAL_ROOM, Journal
+from ckptgw.fsops.journal import Journal
+from ckptgw.fsops.journal.connection import WAL_ROOM
+from ckptgw.fsops.journal.rows import ROOT_INODE
 from tests.test_ops import ME, STORE
 
 MiB = 1 << 20

@@ -31,7 +31,7 @@ import trio.testing
 
 from ckptgw.drain.reads.readthrough import ReadThrough
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
-from ckptgw.fsops.journal import ROOT_INODE
+from ckptgw.fsops.journal.rows import ROOT_INODE
 from ckptgw.fsops.operations import Operations
 from ckptgw.gateway.config import Config
 from ckptgw.gateway.daemon import _read_through

@@ -22,11 +22,10 @@ import time
 import trio
 
 from ckptgw.fsops.contentsum import parts_checksum
-from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.inodes import Inode, fs_error
+from ckptgw.fsops.journal.rows import InodeRow, State
 from ckptgw.fsops.objectmeta import EntryMeta, decode
-from ckptgw.fsops.state import FileStates
-from ckptgw.fsops.storekeys import StoreKeys
+from ckptgw.fsops.parts import OnParts, Parts
 from ckptgw.store.interface import ObjectInfo, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -59,25 +58,20 @@ def apply_attrs(row: InodeRow, meta: EntryMeta) -> None:
         row.mtime_ns = row.ctime_ns = meta.mtime_ns
 
 
-class Entries:
+class Entries(OnParts):
     """``store`` retries temporary errors itself (:class:`ckptgw.store.retry.RetryingStore`);
     ``lookup_store`` (default: ``store``) serves a lookup's HEAD, which should get few
     attempts, as a listing does."""
 
     def __init__(
         self,
-        table: InodeTable,
-        states: FileStates,
-        keys: StoreKeys,
+        parts: Parts,
         store: Store,
         fresh_for: float = 5.0,
         *,
         lookup_store: Store | None = None,
     ) -> None:
-        self.table = table
-        self.journal = table.journal
-        self.states = states
-        self.keys = keys
+        super().__init__(parts)
         self.store = store
         self.lookup_store = lookup_store or store
         self.fresh_for = fresh_for

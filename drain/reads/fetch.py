@@ -49,10 +49,9 @@ import trio
 
 from ckptgw.drain.reads.entries import Entries, read_meta
 from ckptgw.fsops.contentsum import Hasher, part_size_of
-from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
-from ckptgw.fsops.journal import State
-from ckptgw.fsops.space import CacheSpace
-from ckptgw.fsops.state import FileStates
+from ckptgw.fsops.inodes import Inode, fs_error
+from ckptgw.fsops.journal.rows import State
+from ckptgw.fsops.parts import OnParts, Parts
 from ckptgw.store.interface import NotFound, ObjectInfo, Stale, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -225,23 +224,17 @@ class _Fetch:
         self.finished.set()
 
 
-class Fetcher:
+class Fetcher(OnParts):
     """``store`` retries temporary errors itself (:class:`ckptgw.store.retry.RetryingStore`)."""
 
     def __init__(
         self,
-        table: InodeTable,
-        states: FileStates,
-        space: CacheSpace,
+        parts: Parts,
         entries: Entries,
         store: Store,
         config: FetchConfig,
     ) -> None:
-        self.table = table
-        self.states = states
-        self.journal = table.journal
-        self.cache = table.cache
-        self.space = space
+        super().__init__(parts)
         self.entries = entries
         self.store = store
         self.config = config

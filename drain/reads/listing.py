@@ -56,13 +56,12 @@ import trio
 
 from ckptgw.drain.reads.entries import Entries, read_meta
 from ckptgw.drain.reads.lookupwait import LookupWait, Pending
-from ckptgw.fsops.inodes import Inode, InodeTable
-from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
+from ckptgw.fsops.inodes import Inode
+from ckptgw.fsops.journal.rows import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.names import RESERVED
 from ckptgw.fsops.namespace import LISTED_DIR_MODE
 from ckptgw.fsops.objectmeta import SMALL_OBJECT, EntryMeta
-from ckptgw.fsops.state import FileStates
-from ckptgw.fsops.storekeys import StoreKeys
+from ckptgw.fsops.parts import OnParts, Parts
 from ckptgw.store.interface import Listing, ObjectInfo, Store, StoreError
 
 
@@ -85,7 +84,7 @@ class ListingConfig:
     describe: int = 1000  # entries described at once before a readdir; others: at lookup
 
 
-class Listings:
+class Listings(OnParts):
     """``store`` retries temporary errors itself (:class:`ckptgw.store.retry.RetryingStore`); a
     listing is on the path of a lookup, so it should be given few attempts. ``waits``: the
     lookup path's deadline; without one (or until it runs) a listing runs in its caller's
@@ -93,18 +92,13 @@ class Listings:
 
     def __init__(
         self,
-        table: InodeTable,
-        states: FileStates,
-        keys: StoreKeys,
+        parts: Parts,
         entries: Entries,
         store: Store,
         config: ListingConfig,
         waits: LookupWait | None = None,
     ) -> None:
-        self.table = table
-        self.journal = table.journal
-        self.states = states
-        self.keys = keys
+        super().__init__(parts)
         self.entries = entries
         self.store = store
         self.config = config

@@ -45,10 +45,9 @@ from ckptgw.drain.checkpoints import Recognizer
 from ckptgw.drain.reads.entries import Entries
 from ckptgw.drain.reads.fetch import Fetcher
 from ckptgw.drain.reads.listing import Listings
-from ckptgw.fsops.inodes import Inode, InodeTable
-from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
-from ckptgw.fsops.space import CacheSpace
-from ckptgw.fsops.storekeys import StoreKeys
+from ckptgw.fsops.inodes import Inode
+from ckptgw.fsops.journal.rows import ROOT_INODE, InodeRow, State
+from ckptgw.fsops.parts import OnParts, Parts
 
 log = logging.getLogger(__name__)
 
@@ -116,27 +115,22 @@ class PrefetchStats:
     skipped_files: int = 0  # planned out: did not fit
 
 
-class Prefetcher:
+class Prefetcher(OnParts):
     def __init__(
         self,
-        table: InodeTable,
-        keys: StoreKeys,
+        parts: Parts,
         listings: Listings,
         entries: Entries,
         fetcher: Fetcher,
-        space: CacheSpace,
         recognizer: Recognizer,
         *,
         auto: bool,
         pushback: Callable[[], bool] = lambda: False,
     ) -> None:
-        self.table = table
-        self.journal = table.journal
-        self.keys = keys
+        super().__init__(parts)
         self.listings = listings
         self.entries = entries
         self.fetcher = fetcher
-        self.space = space
         self.recognizer = recognizer
         self.auto = auto
         self.pushback = pushback  # whether the store refuses this gateway's reads now

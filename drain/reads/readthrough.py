@@ -21,7 +21,7 @@ from ckptgw.drain.reads.listing import Listings
 from ckptgw.drain.reads.lookupwait import LookupWait, Pending
 from ckptgw.drain.reads.prefetch import Prefetcher
 from ckptgw.fsops.inodes import Inode, fs_error
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.journal.rows import InodeRow, State
 
 
 class ReadThrough:

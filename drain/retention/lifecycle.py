@@ -46,7 +46,7 @@ from ckptgw.drain.retention.catalog import CheckpointFile as _File
 from ckptgw.drain.retention.catalog import StoreCatalog, StoredCheckpoint, list_files
 from ckptgw.drain.retention.policy import DELETE, TRANSITION, Candidate, Decision, Policy, plan
 from ckptgw.fsops.filesystem import Filesystem
-from ckptgw.fsops.journal import State
+from ckptgw.fsops.journal.rows import State
 from ckptgw.fsops.names import RESERVED
 from ckptgw.fsops.objectmeta import SMALL_OBJECT
 from ckptgw.store.interface import Store, StoreError

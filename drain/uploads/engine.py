@@ -27,7 +27,8 @@ from ckptgw.drain.uploads.storeops import StoreOps
 from ckptgw.drain.uploads.upload import Changed, UploadConfig, Uploader
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.inodes import Inode
-from ckptgw.fsops.journal import InodeRow, State
+from ckptgw.fsops.journal.rows import InodeRow, State
+from ckptgw.fsops.parts import OnParts
 from ckptgw.store.interface import Store, StoreError
 from ckptgw.store.retry import RetryStats
 
@@ -56,7 +57,7 @@ class DrainConfig:
         )
 
 
-class DrainEngine:
+class DrainEngine(OnParts):
     """``store`` should retry temporary errors itself
     (:class:`ckptgw.store.retry.RetryingStore`)."""
 
@@ -68,19 +69,15 @@ class DrainEngine:
         scheduler: Scheduler,
         stats: RetryStats | None = None,
     ) -> None:
+        super().__init__(fs.parts)
         self.fs = fs
-        self.table = fs.table
-        self.journal = fs.journal
-        self.states = fs.states
         self.store = store
         self.config = config
         self.scheduler = scheduler
         self.stats = stats if stats is not None else RetryStats()
         self.drained = DrainStats()
         self.uploader = Uploader(
-            fs.table,
-            fs.states,
-            fs.keys,
+            fs.parts,
             store,
             config.upload,
             trio.CapacityLimiter(config.max_parts),

@@ -1,10 +1,10 @@
 """The drain's scheduler: which file goes to the store when, and what happens after.
 
-It knows files by inode number and key only, and imports nothing of the filesystem: it is
-the filesystem's :class:`fsops.events.DrainEvents` (told when a file is quiet, changed, or
-when store operations were journaled), and it drives a :class:`Worker` (the engine) that
-looks at files and uploads them. Time comes from trio's clock, so tests run it with a fake
-clock and a fake worker.
+It knows files by inode number and key only, and imports nothing of the filesystem but the
+versioned :class:`fsops.signal.Signal`: it is the filesystem's :class:`fsops.events.DrainEvents`
+(told when a file is quiet, changed, or when store operations were journaled), and it drives a
+:class:`Worker` (the engine) that looks at files and uploads them. Time comes from trio's
+clock, so tests run it with a fake clock and a fake worker.
 
 Rules:
 
@@ -46,6 +46,7 @@ from typing import NamedTuple, Protocol
 
 import trio
 
+from ckptgw.fsops.signal import Signal
 from ckptgw.store.interface import StoreError
 
 log = logging.getLogger(__name__)
@@ -83,26 +84,6 @@ class Ready(NamedTuple):
 
     mtime_ns: int
     size: int = 0
-
-
-class Signal:
-    """Something happened: ``version`` counts the times, and a waiter that noted the version
-    waits for the next time (or returns at once if it has happened since)."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self._event = trio.Event()
-
-    def fire(self) -> None:
-        self.version += 1
-        self._event.set()
-        self._event = trio.Event()
-
-    async def wait(self, since: int, timeout: float = math.inf) -> None:
-        """Return once it has fired after ``since``, or after ``timeout`` seconds."""
-        if self.version == since:
-            with trio.move_on_after(timeout):
-                await self._event.wait()
 
 
 class Hold(enum.Enum):

@@ -30,10 +30,12 @@ import logging
 
 import trio
 
-from ckptgw.drain.uploads.scheduler import Scheduler, Signal
+from ckptgw.drain.uploads.scheduler import Scheduler
 from ckptgw.fsops.filesystem import Filesystem
-from ckptgw.fsops.journal import State, StoreOp
+from ckptgw.fsops.journal.rows import State, StoreOp
 from ckptgw.fsops.objectmeta import encode, updated
+from ckptgw.fsops.parts import OnParts
+from ckptgw.fsops.signal import Signal
 from ckptgw.store.interface import NotFound, Store, StoreError
 from ckptgw.store.retry import RetryStats
 
@@ -43,12 +45,12 @@ DELETE_BATCH = 1000  # keys in one DeleteObjects request (S3's limit)
 GATHER = 2.0  # seconds a burst of operations may gather before they are carried out
 
 
-class StoreOps:
+class StoreOps(OnParts):
     def __init__(
         self, fs: Filesystem, store: Store, scheduler: Scheduler, stats: RetryStats
     ) -> None:
+        super().__init__(fs.parts)
         self.fs = fs
-        self.journal = fs.journal
         self.store = store
         self.scheduler = scheduler
         self.stats = stats

@@ -38,12 +38,11 @@ import xxhash
 
 from ckptgw.drain.uploads.progress import COMPLETING, SENDING, DrainStats, UploadProgress
 from ckptgw.fsops.contentsum import PARTS, part_size_of, parts_checksum
-from ckptgw.fsops.inodes import Inode, InodeTable
-from ckptgw.fsops.journal import State, UploadRow
+from ckptgw.fsops.inodes import Inode
+from ckptgw.fsops.journal.rows import State, UploadRow
 from ckptgw.fsops.namespace import needs_no_marker
 from ckptgw.fsops.objectmeta import CHECKSUM, encode
-from ckptgw.fsops.state import FileStates
-from ckptgw.fsops.storekeys import StoreKeys
+from ckptgw.fsops.parts import OnParts, Parts
 from ckptgw.store.crc import composite, crc32_b64
 from ckptgw.store.interface import (
     SHORT_FILE,
@@ -126,24 +125,19 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     return out
 
 
-class Uploader:
+class Uploader(OnParts):
     """Uploads files the engine has taken (``uploading``). ``store`` retries temporary errors
     itself (:class:`ckptgw.store.retry.RetryingStore`)."""
 
     def __init__(
         self,
-        table: InodeTable,
-        states: FileStates,
-        keys: StoreKeys,
+        parts: Parts,
         store: Store,
         config: UploadConfig,
         parts_limiter: trio.CapacityLimiter,
         drained: DrainStats | None = None,
     ) -> None:
-        self.table = table
-        self.journal = table.journal
-        self.states = states
-        self.keys = keys
+        super().__init__(parts)
         self.store = store
         self.config = config
         self.parts_limiter = parts_limiter
