@@ -8,9 +8,9 @@ disk policies of the write path:
 * direct I/O (:class:`DirectWriter`): the page-aligned part of each write goes to the cache file
   with ``O_DIRECT`` from a pool of aligned buffers, several requests in flight on worker
   threads. The data is then on its way to the disk while training still writes, and it is not
-  copied a second time into the page cache (the mount's own page cache already holds it).
-  Measured here: 0.3 instead of 0.9 CPU seconds per GiB in the daemon. Unaligned heads and
-  tails go through the page cache; the kernel keeps both views coherent;
+  copied a second time into the page cache (the mount's own page cache already holds it), which
+  costs the daemon a third of the CPU (docs/benchmarks.md, measurements behind design choices).
+  Unaligned heads and tails go through the page cache; the kernel keeps both views coherent;
 * early write-back, where direct I/O is not available (tmpfs): every ``early_writeback`` bytes
   the kernel is asked to start writing a file's pages (``sync_file_range``), so the final
   ``fsync`` of a checkpoint finds little left to do.
