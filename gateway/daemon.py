@@ -29,7 +29,7 @@ from typing import Any
 import pyfuse3
 import trio
 
-from ckptgw.drain.checkpoints import Recognizer
+from ckptgw.drain.checkpoints import FileView, Recognizer
 from ckptgw.drain.engine import DrainConfig, DrainEngine
 from ckptgw.drain.entries import Entries
 from ckptgw.drain.fetch import FetchConfig, Fetcher
@@ -297,7 +297,7 @@ async def _check_notices(store: RetryingStore, cfg: Config, ready: Readiness | N
     """While the check goes on: what it waits for, every ``CHECK_NOTICE`` seconds."""
     while True:
         await trio.sleep(CHECK_NOTICE)
-        view = store.inner.requests_view() or {}
+        view = store.requests_view() or {}
         where = f" at {view['endpoint']}" if view.get("endpoint") else ""
         doing = ""
         for r in view.get("requests", []):
@@ -607,31 +607,37 @@ async def _serve(
         fetcher, prefetcher, remote = await nursery.start(_read_through, fs, store, cfg)
         mount.open(fs.operations(remote))
         nursery.start_soon(fs.files.watch)
+        recognizer = Recognizer(cfg.checkpoint_patterns)
+
+        def files_of(path: str) -> list[FileView]:
+            assert reporter is not None  # made below, before the lifecycle runs
+            return [v for _, v in _files_or_none(reporter, path)]
+
+        lifecycle = Lifecycle(
+            fs,
+            store,
+            list(cfg.retention),
+            cfg.bucket_rules,
+            files_of,
+            recognizer,
+            # what status shows of the store is listed again at most this often (Prometheus
+            # scrapes and probes ask for status every few seconds)
+            listing_ttl=max(cfg.listing_ttl, STORE_CHECKPOINTS_TTL),
+        )
         reporter = Reporter(
             cfg.mountpoint,
             str(cfg.store),
             fs,
             engine,
             fetcher.stats,
-            Recognizer(cfg.checkpoint_patterns),
+            recognizer,
             store_local=local_store(cfg.store) is not None,
             log_path=cfg.log_path,
             store=store,  # its requests_view adds the pacing
+            retention=lifecycle,  # status shows its pins and the store's checkpoints
+            prefetcher=prefetcher,
+            lookups=remote.waits,  # lookups answered without a stalled store
         )
-        lifecycle = Lifecycle(
-            fs,
-            store,
-            list(cfg.retention),
-            cfg.bucket_rules,
-            lambda path: [v for _, v in _files_or_none(reporter, path)],
-            reporter.recognizer,
-            # what status shows of the store is listed again at most this often (Prometheus
-            # scrapes and probes ask for status every few seconds)
-            listing_ttl=max(cfg.listing_ttl, STORE_CHECKPOINTS_TTL),
-        )
-        reporter.retention = lifecycle  # status shows its pins and the store's checkpoints
-        reporter.prefetcher = prefetcher
-        reporter.lookups = remote.waits  # lookups answered without a stalled store
         await nursery.start(lifecycle.run)
         handlers = control_handlers(reporter, lifecycle, cfg)
         await nursery.start(ControlServer(mount.control, handlers).run)
