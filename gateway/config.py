@@ -15,11 +15,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ckptgw.drain.engine import DrainConfig
+from ckptgw.drain.fetch import FetchConfig
 from ckptgw.drain.lifecycle import BucketRules, RunPolicy
+from ckptgw.drain.listing import ListingConfig
 from ckptgw.drain.retention import Policy
+from ckptgw.drain.scheduler import ScheduleConfig
+from ckptgw.drain.upload import UploadConfig
+from ckptgw.fsops.filesystem import FsOptions
 from ckptgw.gateway.errors import UserError
+from ckptgw.gateway.preemption import WatchConfig
 from ckptgw.gateway.settings import BY_NAME, SECTIONS, SETTINGS, default, known, parse_size
 from ckptgw.store.deadlines import Deadlines
+from ckptgw.store.pacing import PacingConfig
 from ckptgw.store.url import StoreURL, StoreURLError, parse_store_url
 
 __all__ = ["Config", "cache_home", "data_home", "load_config", "parse_size"]
@@ -132,6 +140,9 @@ class Config:
     checkpoint_patterns: tuple[str, ...] = default("lifecycle.patterns")
     bucket_rules: BucketRules = field(default_factory=BucketRules)
 
+    # What each module below the gateway is given of the settings, built here and only here;
+    # each field keeps the table's name (ScheduleConfig.max_small_files is drain.max_small_files).
+
     @property
     def deadlines(self) -> Deadlines:
         """What every request to the store is held to (ckptgw.store.deadlines)."""
@@ -140,6 +151,60 @@ class Config:
             first_byte=self.first_byte_timeout,
             stall=self.stall_timeout,
             warning=self.stall_warning,
+        )
+
+    def pacing(self) -> PacingConfig:
+        return PacingConfig(adaptive_rate=self.adaptive_rate, min_rate=self.min_rate)
+
+    def fs_options(self) -> FsOptions:
+        return FsOptions(
+            store_url=str(self.store),
+            key_prefix=self.store.key_prefix,
+            reserve_bytes=self.reserve_bytes,
+            early_writeback=self.early_writeback,
+            direct_io=self.direct_io,
+            writeback_cache=self.writeback_cache,
+            passthrough=self.passthrough,
+            attr_timeout=self.attr_timeout,
+            cache_limit=self.cache_size,
+            write_wait=self.write_wait,
+        )
+
+    def schedule(self) -> ScheduleConfig:
+        return ScheduleConfig(
+            settle=self.settle,
+            max_files=self.max_files,
+            emergency_files=self.max_parts,  # the emergency drain: as many files as parts
+            permanent_retry=self.permanent_retry,
+            max_small_files=self.max_small_files,
+            yield_to_saves=self.yield_to_saves,
+        )
+
+    def drain(self) -> DrainConfig:
+        return DrainConfig(
+            max_parts=self.max_parts,
+            upload=UploadConfig(
+                multipart_threshold=max(self.multipart_threshold, 5 << 20),
+                part_size=self.part_size,
+            ),
+        )
+
+    def listing(self) -> ListingConfig:
+        return ListingConfig(listing_ttl=self.listing_ttl)
+
+    def fetch(self) -> FetchConfig:
+        return FetchConfig(
+            fetch_chunk=self.fetch_chunk,
+            fetch_chunk_max=self.fetch_chunk_max,
+            fetch_parallel=self.fetch_parallel,
+        )
+
+    def preemption(self) -> WatchConfig:
+        return WatchConfig(
+            self.preemption_provider,
+            self.preemption_url,
+            self.preemption_interval,
+            self.preemption_command,
         )
 
     @property

@@ -30,17 +30,16 @@ import pyfuse3
 import trio
 
 from ckptgw.drain.checkpoints import FileView, Recognizer
-from ckptgw.drain.engine import DrainConfig, DrainEngine
+from ckptgw.drain.engine import DrainEngine
 from ckptgw.drain.entries import Entries
-from ckptgw.drain.fetch import FetchConfig, Fetcher
+from ckptgw.drain.fetch import Fetcher
 from ckptgw.drain.lifecycle import Lifecycle
-from ckptgw.drain.listing import ListingConfig, Listings
+from ckptgw.drain.listing import Listings
 from ckptgw.drain.lookupwait import LookupWait
 from ckptgw.drain.prefetch import Prefetcher
 from ckptgw.drain.readthrough import ReadThrough
 from ckptgw.drain.scheduler import Scheduler
-from ckptgw.drain.upload import UploadConfig
-from ckptgw.fsops.filesystem import Filesystem, FsOptions
+from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import JournalError
 from ckptgw.fsops.objectmeta import PART_SIZE
 from ckptgw.gateway import registry
@@ -50,7 +49,7 @@ from ckptgw.gateway.config import Config
 from ckptgw.gateway.control import ControlServer, RequestError, socket_path
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import prepare_mountpoint
-from ckptgw.gateway.preemption import PreemptionWatcher, WatchConfig
+from ckptgw.gateway.preemption import PreemptionWatcher
 from ckptgw.gateway.protocol import Readiness, wait_seconds
 from ckptgw.gateway.status import PathError, Reporter
 from ckptgw.gateway.storecheck import explain, may_come_right
@@ -59,7 +58,7 @@ from ckptgw.store.crc import CRC32_IMPL
 from ckptgw.store.deadlines import CHECK_ANSWER
 from ckptgw.store.interface import StoreError
 from ckptgw.store.open import open_store
-from ckptgw.store.pacing import Pacing, PacingConfig
+from ckptgw.store.pacing import Pacing
 from ckptgw.store.retry import RetryingStore, RetryPolicy, RetryStats
 from ckptgw.store.url import without_userinfo
 
@@ -151,22 +150,11 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
     prepare_mountpoint(cfg.mountpoint)
     # The drain's scheduler is what the filesystem reports to (fsops.events.DrainEvents);
     # it needs nothing to exist, so it comes first.
-    scheduler = Scheduler(drain_config(cfg).schedule())
+    scheduler = Scheduler(cfg.schedule())
     try:
         fs = Filesystem(
             cfg.cache_dir,
-            FsOptions(
-                store_url=str(cfg.store),
-                key_prefix=cfg.store.key_prefix,
-                reserve_bytes=cfg.reserve_bytes,
-                early_writeback=cfg.early_writeback,
-                direct_io=cfg.direct_io,
-                writeback_cache=cfg.writeback_cache,
-                passthrough=cfg.passthrough,
-                attr_timeout=cfg.attr_timeout,
-                cache_limit=cfg.cache_size,
-                write_wait=cfg.write_wait,
-            ),
+            cfg.fs_options(),
             scheduler,
         )
     except JournalError as e:
@@ -251,21 +239,6 @@ class _Mount:
             pyfuse3.close(unmount=self.signalled)
             registry.unregister(self.cfg.mountpoint)
             self.mounted = False
-
-
-def drain_config(cfg: Config) -> DrainConfig:
-    return DrainConfig(
-        settle=cfg.settle,
-        max_files=cfg.max_files,
-        max_small_files=cfg.max_small_files,
-        yield_to_saves=cfg.yield_to_saves,
-        max_parts=cfg.max_parts,
-        permanent_retry=cfg.permanent_retry,
-        upload=UploadConfig(
-            multipart_threshold=max(cfg.multipart_threshold, 5 << 20),
-            part_size=cfg.part_size,
-        ),
-    )
 
 
 async def check_store(
@@ -363,7 +336,7 @@ async def _read_through(
         fs.keys,
         entries,
         listing_store,
-        ListingConfig(ttl=cfg.listing_ttl),
+        cfg.listing(),
         waits,
     )
     fetcher = Fetcher(
@@ -372,9 +345,7 @@ async def _read_through(
         fs.space,
         entries,
         store,
-        FetchConfig(
-            chunk=cfg.fetch_chunk, chunk_max=cfg.fetch_chunk_max, parallel=cfg.fetch_parallel
-        ),
+        cfg.fetch(),
     )
     prefetcher = Prefetcher(
         fs.table,
@@ -575,7 +546,7 @@ async def _serve(
         trio.open_nursery() as nursery,
     ):
         stats = RetryStats()
-        pacing = Pacing(PacingConfig(adaptive=cfg.adaptive_rate, min_rate=cfg.min_rate))
+        pacing = Pacing(cfg.pacing())
         store = RetryingStore(raw, RetryPolicy(), stats, pacing, part_size_key=PART_SIZE)
 
         async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -602,7 +573,7 @@ async def _serve(
 
         await nursery.start(on_signals)
         warning = await check_store(store, cfg, ready)
-        engine = DrainEngine(fs, store, drain_config(cfg), scheduler, stats)
+        engine = DrainEngine(fs, store, cfg.drain(), scheduler, stats)
         await nursery.start(engine.run)
         fetcher, prefetcher, remote = await nursery.start(_read_through, fs, store, cfg)
         mount.open(fs.operations(remote))
@@ -677,12 +648,7 @@ async def _watch_preemption(
         engine.start_emergency(f"preemption notice: {notice}")
 
     watcher = PreemptionWatcher(
-        WatchConfig(
-            cfg.preemption_provider,
-            cfg.preemption_url,
-            cfg.preemption_interval,
-            cfg.preemption_command,
-        ),
+        cfg.preemption(),
         on_notice,
         {"CKPTGW_MOUNTPOINT": str(cfg.mountpoint)},
     )

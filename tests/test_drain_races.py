@@ -26,7 +26,7 @@ from ckptgw.drain.engine import DrainConfig, DrainEngine
 from ckptgw.drain.entries import Entries
 from ckptgw.drain.fetch import FetchConfig, Fetcher
 from ckptgw.drain.listing import ListingConfig, Listings
-from ckptgw.drain.scheduler import Hold, Scheduler
+from ckptgw.drain.scheduler import Hold, ScheduleConfig, Scheduler
 from ckptgw.drain.upload import META_CHECKSUM, UploadConfig
 from ckptgw.fsops.contentsum import Hasher, parts_checksum
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
@@ -149,20 +149,21 @@ async def node(
 ) -> AsyncIterator[Node]:
     store = store_cls(tmp_path / "store", *gated)
     await store.check()
-    scheduler = Scheduler(DrainConfig().schedule())
+    scheduler = Scheduler(ScheduleConfig())
     cache = tmp_path / "cache"
     cache.mkdir(exist_ok=True)
     fs = Filesystem(cache, FsOptions(store_url=store.url, reserve_bytes=0), scheduler)
     config = DrainConfig(
-        settle=0.01,
         upload=UploadConfig(multipart_threshold=5 * MiB, part_size=5 * MiB),
         **drain,
     )
-    scheduler.config = config.schedule()
+    scheduler.config = ScheduleConfig(settle=0.01)
     retrying = RetryingStore(store, RetryPolicy(attempts=2, base=0.01), RetryStats())
     engine = DrainEngine(fs, retrying, config, scheduler)
     entries = Entries(fs.table, fs.states, fs.keys, retrying)
-    listings = Listings(fs.table, fs.states, fs.keys, entries, retrying, ListingConfig(ttl=0))
+    listings = Listings(
+        fs.table, fs.states, fs.keys, entries, retrying, ListingConfig(listing_ttl=0)
+    )
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(engine.run)
@@ -719,7 +720,7 @@ async def reader(
     fs = Filesystem(
         cache,
         FsOptions(store_url=store.url, reserve_bytes=0, **opts),
-        Scheduler(DrainConfig().schedule()),
+        Scheduler(ScheduleConfig()),
     )
     entries = Entries(fs.table, fs.states, fs.keys, store)
     listings = Listings(fs.table, fs.states, fs.keys, entries, store, ListingConfig())
