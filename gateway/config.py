@@ -147,10 +147,10 @@ class Config:
     def deadlines(self) -> Deadlines:
         """What every request to the store is held to (ckptgw.store.deadlines)."""
         return Deadlines(
-            connect=self.connect_timeout,
-            first_byte=self.first_byte_timeout,
-            stall=self.stall_timeout,
-            warning=self.stall_warning,
+            connect_timeout=self.connect_timeout,
+            first_byte_timeout=self.first_byte_timeout,
+            stall_timeout=self.stall_timeout,
+            stall_warning=self.stall_warning,
         )
 
     def pacing(self) -> PacingConfig:
