@@ -23,8 +23,8 @@ from ckptgw.drain.retention import Policy
 from ckptgw.drain.scheduler import ScheduleConfig
 from ckptgw.drain.upload import UploadConfig
 from ckptgw.fsops.filesystem import FsOptions
+from ckptgw.gateway.daemon.preemption import WatchConfig
 from ckptgw.gateway.errors import UserError
-from ckptgw.gateway.preemption import WatchConfig
 from ckptgw.gateway.settings import BY_NAME, SECTIONS, SETTINGS, default, known, parse_size
 from ckptgw.store.deadlines import Deadlines
 from ckptgw.store.pacing import PacingConfig

@@ -16,7 +16,7 @@ import pytest
 from ckptgw.drain.lifecycle import RunPolicy
 from ckptgw.gateway.config import _KNOWN, Config, load_config
 from ckptgw.gateway.errors import UserError
-from ckptgw.gateway.nfsexport import load_export
+from ckptgw.gateway.nfs.export import load_export
 from ckptgw.gateway.settings import ENVIRONMENT, SETTINGS, example, reference
 from ckptgw.store.url import parse_store_url
 

@@ -512,7 +512,7 @@ def test_through_a_mount_a_stalled_part_is_named_in_status_metrics_and_log_then_
         assert r["path"] == str(gw.mountpoint / "latest.pt")
         [upload] = st["uploads"]
         assert "PART 2 of ckpt/latest.pt (sending)" in upload["stalled"]
-        schema = resources.files("gateway").joinpath("status.schema.json").read_text()
+        schema = resources.files("gateway.daemon").joinpath("status.schema.json").read_text()
         jsonschema.validate(st, json.loads(schema))
         text = gw.cli("status", str(gw.mountpoint)).stdout
         assert f"endpoint  {proxy.url}: 1 of " in text

@@ -29,8 +29,8 @@ from ckptgw.drain.progress import UploadProgress
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.storekeys import object_key
-from ckptgw.gateway.checkpointrows import checkpoint_rows
-from ckptgw.gateway.nfsserve import read_state
+from ckptgw.gateway.daemon.checkpointrows import checkpoint_rows
+from ckptgw.gateway.nfs.serve import read_state
 from ckptgw.gateway.protocol import MAX_WAIT
 from ckptgw.store.interface import Store
 

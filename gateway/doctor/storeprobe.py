@@ -23,7 +23,7 @@ from typing import TypeVar
 import trio
 
 from ckptgw.gateway.config import Config
-from ckptgw.gateway.hostcheck import FAIL, INFO, OK, WARN, Check
+from ckptgw.gateway.doctor.hostcheck import FAIL, INFO, OK, WARN, Check
 from ckptgw.gateway.storecheck import SYNC_CLOCK, explain, what_to_fix
 from ckptgw.gateway.storeplace import (
     endpoint_on_this_node,

@@ -46,12 +46,12 @@ from ckptgw.gateway import registry
 from ckptgw.gateway.cachedir import CacheDirLock, space_problem
 from ckptgw.gateway.client import entries
 from ckptgw.gateway.config import Config
-from ckptgw.gateway.control import ControlServer, RequestError, socket_path
+from ckptgw.gateway.daemon.control import ControlServer, RequestError, socket_path
+from ckptgw.gateway.daemon.preemption import PreemptionWatcher
+from ckptgw.gateway.daemon.status import PathError, Reporter
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import prepare_mountpoint
-from ckptgw.gateway.preemption import PreemptionWatcher
 from ckptgw.gateway.protocol import Readiness, wait_seconds
-from ckptgw.gateway.status import PathError, Reporter
 from ckptgw.gateway.storecheck import explain, may_come_right
 from ckptgw.gateway.storeplace import local_store, local_store_problem, local_store_warning
 from ckptgw.store.crc import CRC32_IMPL
@@ -463,7 +463,7 @@ def control_handlers(reporter: Reporter, lifecycle: Lifecycle, cfg: Config) -> d
     async def probe_store(r: dict[str, Any]) -> dict[str, Any]:
         """``ckptgw doctor MOUNTPOINT``: the store's checks, made by this daemon (its
         credentials, its endpoint) with a client of their own, not the drain's."""
-        from ckptgw.gateway.storeprobe import probe_store as probe  # botocore: only now
+        from ckptgw.gateway.doctor.storeprobe import probe_store as probe  # botocore: only now
 
         return {"checks": [dataclasses.asdict(c) for c in await probe(cfg)]}
 
@@ -615,7 +615,7 @@ async def _serve(
         if cfg.lifecycle_interval > 0 and cfg.retention:
             nursery.start_soon(_retention_timer, lifecycle, cfg.lifecycle_interval)
         if cfg.metrics_listen is not None:
-            from ckptgw.gateway.metrics import MetricsServer
+            from ckptgw.gateway.daemon.metrics import MetricsServer
 
             await nursery.start(MetricsServer(reporter, *cfg.metrics_listen).run)
         if cfg.preemption_provider != "off":
