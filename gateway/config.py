@@ -166,7 +166,7 @@ class Config:
             writeback_cache=self.writeback_cache,
             passthrough=self.passthrough,
             attr_timeout=self.attr_timeout,
-            cache_limit=self.cache_size,
+            cache_size=self.cache_size,
             write_wait=self.write_wait,
         )
 

@@ -589,7 +589,7 @@ def test_a_sparse_truncate_charges_nothing_and_a_huge_one_gets_the_disks_efbig(
     async def test() -> None:
         fs = Filesystem(
             tmp_path / "c",
-            FsOptions(store_url="file:///x", reserve_bytes=0, cache_limit=MiB, write_wait=60),
+            FsOptions(store_url="file:///x", reserve_bytes=0, cache_size=MiB, write_wait=60),
         )
         try:
             ino = fs.namespace.create_file(ROOT_INODE, b"sparse", 0o644, ME)
@@ -612,7 +612,7 @@ def test_a_write_larger_than_the_whole_cache_fails_at_once(tmp_path: Path) -> No
     async def test() -> None:
         fs = Filesystem(
             tmp_path,
-            FsOptions(store_url="file:///x", reserve_bytes=0, cache_limit=MiB, write_wait=60),
+            FsOptions(store_url="file:///x", reserve_bytes=0, cache_size=MiB, write_wait=60),
         )
         try:
             ino = fs.namespace.create_file(ROOT_INODE, b"big", 0o644, ME)
@@ -742,7 +742,7 @@ def test_a_lookup_does_not_wait_for_room_to_describe_by_fetching(tmp_path: Path)
     async def test() -> None:
         store = Counting(tmp_path / "store", mute=False)
         await store.put("big.bin", big, {CHECKSUM: xxh(big)})
-        async with reader(tmp_path, store, cache_limit=4 * MiB, write_wait=60) as node:
+        async with reader(tmp_path, store, cache_size=4 * MiB, write_wait=60) as node:
             fs, entries, listings, fetcher = node
             await listings.refresh(fs.table.get(ROOT_INODE))
             ino = fs.table.lookup(ROOT_INODE, b"big.bin")
