@@ -34,14 +34,12 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from bench.common import BUCKET, Bench, say
 from ckptgw.fsops.passthrough import DAEMON
 from ckptgw.gateway.harness import Gateway
 from ckptgw.store.faultproxy import FaultProxy, RateLimit
-
-if TYPE_CHECKING:
-    from bench.suite import Bench
 
 PREFIX = "fleet/"
 READ_SHARE = 5500 / 3500  # S3's reads per second per prefix over its writes
@@ -92,7 +90,7 @@ def _fleet(
             gw = Gateway(
                 root / "mnt",
                 root / "cache",
-                f"s3://{_bucket()}/{PREFIX}",
+                f"s3://{BUCKET}/{PREFIX}",
                 "--endpoint-url",
                 proxy.url,
                 "--config",
@@ -104,12 +102,6 @@ def _fleet(
             gw.start()
             gateways.append(gw)
         yield gateways
-
-
-def _bucket() -> str:
-    from bench.suite import BUCKET
-
-    return BUCKET
 
 
 def _together(jobs: list[Any]) -> None:
@@ -168,7 +160,7 @@ def _lost(b: Bench, want: dict[str, bytes]) -> int:
     lost = 0
     for key, data in want.items():
         try:
-            body = b.s3.get_object(Bucket=_bucket(), Key=key)["Body"].read()
+            body = b.s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
         except Exception:  # a missing object: counted, not raised
             body = None
         lost += body != data
@@ -251,8 +243,6 @@ def _restore(
 def fleet_rounds(b: Bench, plan: Plan) -> dict[str, Any]:
     """The saves (the first on fresh gateways), the restore, and with ``plan.compare`` one save
     without pacing; each round's figures."""
-    from bench.suite import say
-
     limit = RateLimit(reads=plan.read_rate, writes=plan.write_rate)
     proxy = FaultProxy(int(b.endpoint.rsplit(":", 1)[1]), limit=limit)
     out: dict[str, Any] = {"saves": [], "restore": None, "unpaced": None}

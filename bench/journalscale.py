@@ -46,15 +46,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 from bench.results import save
 from ckptgw.fsops.cache import CacheFiles
 from ckptgw.fsops.journal import ROOT_INODE, InodeRow, Journal, State
 from ckptgw.gateway.harness import Gateway, exit_on_sigterm
-
-if TYPE_CHECKING:
-    from bench.suite import Row
 
 PER_DIRECTORY = 1000  # files per checkpoint directory
 LISTED = 10_000  # files of the directory ``ls -l`` lists
@@ -62,7 +59,7 @@ CREATES = 1000
 SIZES = (10_000, 1_000_000)
 KINDS = ("clean", "remote")
 # Targets of the ratios (1M / 10k) and the limit of status's seconds; the metric names of
-# :func:`suite_rows` (bench.suite looks a row's target up by its metric).
+# :func:`rows_of` (bench.common.Row looks a row's target up by its metric).
 TARGETS = {
     "journal: create": 1.2,
     "journal: status": 1.2,
@@ -73,6 +70,7 @@ TARGETS = {
     "journal: peak RSS": 1.2,
 }
 STATUS_LIMIT = 1.0  # seconds
+R = TypeVar("R")
 
 
 def say(msg: str) -> None:
@@ -282,21 +280,9 @@ def run(
     return out
 
 
-def suite_rows(
-    sizes: tuple[int, ...] = SIZES,
-    kinds: tuple[str, ...] = KINDS,
-    runs: int = 3,
-    workdir: Path = Path("/var/tmp"),
-) -> list[Row]:
-    """This benchmark as rows of ``bench.suite``: for each kind of cache dir, each figure at
-    the largest size against the smallest (``base``), and status's seconds at the largest
-    against :data:`STATUS_LIMIT`. Their targets are :data:`TARGETS`, by metric."""
-    from bench.suite import Row
-
-    return rows_of(run(sizes, kinds, runs, workdir), Row)
-
-
-def rows_of(figures: list[Figures], row: Callable[..., Row]) -> list[Row]:
+def rows_of(figures: list[Figures], row: Callable[..., R]) -> list[R]:
+    """The figures as rows made by ``row(metric, x, baseline, base, gateway, unit)``
+    (:class:`bench.common.Row`)."""
     small, large = min(f.n for f in figures), max(f.n for f in figures)
     out = []
     names = {

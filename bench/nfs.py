@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from bench.common import Bench
 from tests.nfsclient import (
     LineClient,
     NetNs,
@@ -33,9 +33,6 @@ from tests.nfsclient import (
     plain_ganesha,
     serve_nfs,
 )
-
-if TYPE_CHECKING:
-    from bench.suite import Bench
 
 SIDES = ("disk", "mount", "nfs")  # "nfs": NFSv3; "nfs4" (NFSv4.0) where libnfs 5 is built
 # and "floor4": NFSv4.0 to NFS-Ganesha exporting a plain directory on the cache disk, with the

@@ -20,12 +20,9 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from bench.common import BUCKET, Bench, say
 from ckptgw.store.faultproxy import FaultProxy
-
-if TYPE_CHECKING:
-    from bench.suite import Bench
 
 POLL = 0.02  # seconds between two HEADs of the overwritten key
 
@@ -34,8 +31,6 @@ class Poller:
     """HEADs one key from a thread, every :data:`POLL` seconds; keeps (time, found)."""
 
     def __init__(self, b: Bench, key: str) -> None:
-        from bench.suite import BUCKET
-
         self.s3, self.bucket, self.key = b.s3, BUCKET, key
         self.polls: list[tuple[float, bool]] = []
         self._stop = threading.Event()
@@ -94,8 +89,6 @@ def overwrite_rounds(b: Bench, size: int) -> dict[str, list[float]]:
             b.wait_durable(gw, {key: size})
             durable = time.perf_counter() - t0
             missing, misses, polls = poller.stop()
-            from bench.suite import say
-
             say(
                 f"  run {i}{' (warm-up)' if not i else ''}: new version durable after "
                 f"{durable:6.2f} s; key missing for {missing:5.2f} s ({misses} of {polls} HEADs)"
@@ -112,8 +105,6 @@ def overwrite_rounds(b: Bench, size: int) -> dict[str, list[float]]:
 def expect_rounds(b: Bench, size: int) -> dict[str, list[float]]:
     """Per run, on each side (a proxy answering ``Expect: 100-continue``, one ignoring it):
     the time to durable of a fresh file from its fsync's return. Sides alternate."""
-    from bench.suite import say
-
     port = int(b.endpoint.rsplit(":", 1)[1])
     proxies = {"answers": FaultProxy(port), "ignores": FaultProxy(port, ignore_expect=True)}
     s: dict[str, list[float]] = {"answers": [], "ignores": [], "first_ignores": []}

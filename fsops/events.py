@@ -1,10 +1,10 @@
 """What the filesystem tells the drain: the whole fsops -> drain contract, one interface.
 
 The filesystem is built with an object that has these methods (the drain's scheduler,
-:class:`drain.scheduler.Scheduler`, or :class:`NoDrain` for a cache on its own) and calls them
-on the trio thread. None of them may block or raise: they record what happened and wake the
-drain, which does its work in its own tasks. The other direction, the store side of reading
-(listings, fetches), is :class:`fsops.remote.Remote`.
+:class:`drain.uploads.scheduler.Scheduler`, or :class:`NoDrain` for a cache on its own) and
+calls them on the trio thread. None of them may block or raise: they record what happened and
+wake the drain, which does its work in its own tasks. The other direction, the store side of
+reading (listings, fetches), is :class:`fsops.remote.Remote`.
 """
 
 from __future__ import annotations

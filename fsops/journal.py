@@ -370,7 +370,7 @@ class Journal:
 
     def _migrate_from_3(self) -> None:
         """Version 3 journaled no part's CRC32: its uploads in progress (their metadata has
-        an xxh3-128 of the whole file) are not resumed but begun again (drain.upload)."""
+        an xxh3-128 of the whole file) are not resumed but begun again (drain.uploads.upload)."""
         with self.transaction():
             self.db.execute("ALTER TABLE parts ADD COLUMN crc32 INTEGER")
             self.set_meta("schema_version", str(SCHEMA_VERSION))
@@ -923,7 +923,7 @@ class Journal:
     def maybe_pending(self) -> list[InodeRow]:
         """Named entries of every kind that may not be durable: dirty or uploading, or stored
         under a key that a pending store operation reads or writes (every entry that
-        drain.engine.DrainEngine.durability does not call durable is one). Read through
+        drain.uploads.engine.DrainEngine.durability does not call durable is one). Read through
         indexes: as many rows as there are such entries, however many the journal holds."""
         rows = self.db.execute(
             f"SELECT {_INODE_COLS} FROM inodes WHERE {_NOT_DURABLE} AND {_NAMED}"

@@ -43,7 +43,7 @@ from ckptgw.fsops.storekeys import StoreKeys
 log = logging.getLogger(__name__)
 
 #: The permission bits a listing gives a directory that has no marker object
-#: (:mod:`drain.listing`); its owner is its parent's, and it has no extended attributes.
+#: (:mod:`drain.reads.listing`); its owner is its parent's, and it has no extended attributes.
 LISTED_DIR_MODE = 0o755
 
 

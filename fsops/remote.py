@@ -1,6 +1,6 @@
 """What the filesystem needs from the store side to show files it does not hold.
 
-The implementation is :class:`drain.readthrough.ReadThrough` (listings merged into the
+The implementation is :class:`drain.reads.readthrough.ReadThrough` (listings merged into the
 journal, content fetched into the cache); :class:`LocalOnly` serves a cache on its own.
 """
 

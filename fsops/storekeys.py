@@ -19,7 +19,7 @@ pending operation, claims it (:meth:`StoreKeys.claim`). The delete is dropped (u
 being sent), and the object stays until the new entry's upload or move overwrites it, which S3
 does atomically; until then it is the entry's previous version (``stored_key`` of a dirty or
 uploading row). Only keys that no entry holds are deleted: a delete, or a move's delete of its
-source, is skipped by :mod:`drain.storeops` when an entry holds the key by then.
+source, is skipped by :mod:`drain.uploads.storeops` when an entry holds the key by then.
 
 An exchange of two stored entries (RENAME_EXCHANGE) copies one of them to a temporary key
 under ``.ckptgw-exchange/`` first, so that neither move overwrites what the other still has to
@@ -62,7 +62,7 @@ class StoreKeys:
         # that started before then may still show the object, which must not bring it back.
         self.recently_removed: Recent = Recent()
         self._op_done = trio.Event()
-        # Keys whose delete is being sent now (drain.storeops): too late for a claim.
+        # Keys whose delete is being sent now (drain.uploads.storeops): too late for a claim.
         self.deleting: set[str] = set()
 
     def note_stored(self, key: str) -> None:
@@ -159,7 +159,7 @@ class StoreKeys:
         replaces it.
 
         A pending delete of the key is dropped, unless it is being sent; a pending move away
-        from the key leaves it in place (:mod:`drain.storeops` deletes no key an entry
+        from the key leaves it in place (:mod:`drain.uploads.storeops` deletes no key an entry
         holds). A clean or remote entry replaces the object by its own move to the key; an
         entry not uploaded yet records it as its previous version, which its upload
         overwrites (and a rename or unlink before then deletes)."""

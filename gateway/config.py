@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ckptgw.drain.engine import DrainConfig
-from ckptgw.drain.fetch import FetchConfig
-from ckptgw.drain.lifecycle import BucketRules, RunPolicy
-from ckptgw.drain.listing import ListingConfig
-from ckptgw.drain.retention import Policy
-from ckptgw.drain.scheduler import ScheduleConfig
-from ckptgw.drain.upload import UploadConfig
+from ckptgw.drain.reads.fetch import FetchConfig
+from ckptgw.drain.reads.listing import ListingConfig
+from ckptgw.drain.retention.lifecycle import BucketRules, RunPolicy
+from ckptgw.drain.retention.policy import Policy
+from ckptgw.drain.uploads.engine import DrainConfig
+from ckptgw.drain.uploads.scheduler import ScheduleConfig
+from ckptgw.drain.uploads.upload import UploadConfig
 from ckptgw.fsops.filesystem import FsOptions
 from ckptgw.gateway.daemon.preemption import WatchConfig
 from ckptgw.gateway.errors import UserError

@@ -1,6 +1,6 @@
-"""The store's checkpoints for status (drain/catalog.py), walked one directory level at a time
-against a real store (a directory), so that the newest checkpoints are found whatever their
-number and however their names sort."""
+"""The store's checkpoints for status (drain/retention/catalog.py), walked one directory level
+at a time against a real store (a directory), so that the newest checkpoints are found whatever
+their number and however their names sort."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import trio
 
-from ckptgw.drain.catalog import walk_checkpoints
 from ckptgw.drain.checkpoints import Recognizer
+from ckptgw.drain.retention.catalog import walk_checkpoints
 from ckptgw.store.files import FileStore
 from ckptgw.store.url import parse_store_url
 

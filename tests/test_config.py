@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from ckptgw.drain.engine import DrainConfig
-from ckptgw.drain.fetch import FetchConfig
-from ckptgw.drain.lifecycle import RunPolicy
-from ckptgw.drain.listing import ListingConfig
-from ckptgw.drain.scheduler import ScheduleConfig
-from ckptgw.drain.upload import UploadConfig
+from ckptgw.drain.reads.fetch import FetchConfig
+from ckptgw.drain.reads.listing import ListingConfig
+from ckptgw.drain.retention.lifecycle import RunPolicy
+from ckptgw.drain.uploads.engine import DrainConfig
+from ckptgw.drain.uploads.scheduler import ScheduleConfig
+from ckptgw.drain.uploads.upload import UploadConfig
 from ckptgw.fsops.filesystem import FsOptions
 from ckptgw.gateway.config import _KNOWN, Config, load_config
 from ckptgw.gateway.daemon.preemption import WatchConfig

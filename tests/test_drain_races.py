@@ -22,12 +22,12 @@ import trio
 import trio.testing
 import xxhash
 
-from ckptgw.drain.engine import DrainConfig, DrainEngine
-from ckptgw.drain.entries import Entries
-from ckptgw.drain.fetch import FetchConfig, Fetcher
-from ckptgw.drain.listing import ListingConfig, Listings
-from ckptgw.drain.scheduler import Hold, ScheduleConfig, Scheduler
-from ckptgw.drain.upload import META_CHECKSUM, UploadConfig
+from ckptgw.drain.reads.entries import Entries
+from ckptgw.drain.reads.fetch import FetchConfig, Fetcher
+from ckptgw.drain.reads.listing import ListingConfig, Listings
+from ckptgw.drain.uploads.engine import DrainConfig, DrainEngine
+from ckptgw.drain.uploads.scheduler import Hold, ScheduleConfig, Scheduler
+from ckptgw.drain.uploads.upload import META_CHECKSUM, UploadConfig
 from ckptgw.fsops.contentsum import Hasher, parts_checksum
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal import ROOT_INODE, State
@@ -347,7 +347,7 @@ def test_an_upload_created_while_orphans_are_listed_is_not_aborted(
             await n.drained()
             assert (await n.stored("big.pt"))[0] == data
 
-    with caplog.at_level(logging.INFO, logger="ckptgw.drain.engine"):
+    with caplog.at_level(logging.INFO, logger="ckptgw.drain.uploads.engine"):
         run(test)
     assert "aborting orphaned upload" not in caplog.text
 

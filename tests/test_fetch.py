@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from ckptgw.drain.fetch import OPEN, PREFETCH, WAITED, FetchConfig, Slots, range_size
+from ckptgw.drain.reads.fetch import OPEN, PREFETCH, WAITED, FetchConfig, Slots, range_size
 
 MiB = 1 << 20
 

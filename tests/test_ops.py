@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from ckptgw.drain.checkpoints import DURABLE
-from ckptgw.drain.engine import DrainEngine
+from ckptgw.drain.uploads.engine import DrainEngine
 from ckptgw.fsops import files as files_mod
 from ckptgw.fsops import objectmeta
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
@@ -661,7 +661,7 @@ def test_a_fresh_cache_has_every_shard_directory_and_a_lost_one_comes_back(
 
 def test_entries_that_may_be_pending_are_every_entry_not_durable(fs: Filesystem) -> None:
     """`pending` of a large checkpoint reads only the entries that may not be durable: the
-    same ones drain.engine.DrainEngine.durability does not call durable, in every state."""
+    same ones drain.uploads.engine.DrainEngine.durability does not call durable, in every state."""
     d = fs.namespace.mkdir(ROOT_INODE, b"step_7", 0o755, ME)
     sub = fs.namespace.mkdir(d.id, b"sub", 0o755, ME)
     names = (b"dirty", b"uploading", b"clean", b"moved_to", b"moved_from", b"deleted", b"remote")

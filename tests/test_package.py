@@ -54,7 +54,7 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
         "gateway/daemon/status.schema.json",
         "gateway/cli/__main__.py",
         "fsops/state.py",
-        "drain/engine.py",
+        "drain/uploads/engine.py",
         "store/interface.py",
         "store/partworker.py",
         "__main__.py",
@@ -94,8 +94,8 @@ def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) 
         [
             sys.executable,
             "-c",
-            "import ckptgw.gateway.cli.main, ckptgw.drain.engine, ckptgw.store.s3; "
-            "print(ckptgw.gateway.cli.main.__file__); print(ckptgw.drain.engine.__file__); "
+            "import ckptgw.gateway.cli.main, ckptgw.drain.uploads.engine, ckptgw.store.s3; "
+            "print(ckptgw.gateway.cli.main.__file__); print(ckptgw.drain.uploads.engine.__file__); "
             "print(ckptgw.store.s3.__file__)",
         ],
         cwd=tmp_path,

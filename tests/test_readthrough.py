@@ -452,7 +452,7 @@ def test_a_warmup_larger_than_the_cache_evicts_nothing_dirty_and_says_what_did_n
     nodes.drained({"scratch/dirty.bin": dirty})
 
 
-# -- a slow store (drain/lookupwait.py; deterministic tiers: tests/test_slowstore.py) -----------
+# -- a slow store (drain/reads/lookupwait.py; deterministic tiers: tests/test_slowstore.py) -------
 
 
 def _log(gw: CheckedGateway) -> str:

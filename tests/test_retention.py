@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptgw.drain.retention import (
+from ckptgw.drain.retention.policy import (
     DELETE,
     KEEP,
     MILESTONE,

@@ -24,6 +24,7 @@ from ckptgw.store.interface import (
 )
 from ckptgw.store.memory import MemoryStore
 from ckptgw.store.open import open_store
+from ckptgw.store.pacing import Pace, Pacing
 from ckptgw.store.retry import ABORT_TIMEOUT, RetryingStore, RetryPolicy, RetryStats
 from ckptgw.store.url import parse_store_url
 
@@ -236,6 +237,79 @@ def test_labels_name_the_call_and_the_key() -> None:
             await call()
             assert rs.stats.last_error.startswith(label), (method, rs.stats.last_error)
             assert rs.stats.last_error.endswith(": boom")
+
+    run(go)
+
+
+# Every call that is one call of the inner store, retried: the label its errors and log lines
+# start with, and the pace its attempts wait in (ckptgw.store.pacing: reads or writes).
+ONE_CALL: dict[str, tuple[str, str, Callable[[RetryingStore, str, str], Awaitable[object]]]] = {
+    "check": ("checking the store mem://test/", "reads", lambda rs, uid, part: rs.check()),
+    "put": ("put new", "writes", lambda rs, uid, part: rs.put("new", b"x", {})),
+    "head": ("HEAD k", "reads", lambda rs, uid, part: rs.head("k")),
+    "delete": ("delete k", "writes", lambda rs, uid, part: rs.delete("k")),
+    "put_tags": ("tag k", "writes", lambda rs, uid, part: rs.put_tags("k", {"a": "b"})),
+    "get_lifecycle": ("get lifecycle rules", "reads", lambda rs, uid, part: rs.get_lifecycle()),
+    "put_lifecycle": (
+        "put lifecycle rules",
+        "writes",
+        lambda rs, uid, part: rs.put_lifecycle([]),
+    ),
+    "list_dir": ("list d/", "reads", lambda rs, uid, part: rs.list_dir("d/")),
+    "copy_part": (
+        "part 2 of up (copy of k [0, 5))",
+        "writes",
+        lambda rs, uid, part: rs.copy_part("k", "up", uid, 2, 0, 5),
+    ),
+    "create_multipart": (
+        "create upload of k3",
+        "writes",
+        lambda rs, uid, part: rs.create_multipart("k3", {}),
+    ),
+    "upload_part": (
+        "part 2 of up",
+        "writes",
+        lambda rs, uid, part: rs.upload_part("up", uid, 2, b"two", crc32=None),
+    ),
+    "list_parts": ("list parts of up", "reads", lambda rs, uid, part: rs.list_parts("up", uid)),
+    "complete_multipart": (
+        "complete up",
+        "writes",
+        lambda rs, uid, part: rs.complete_multipart("up", uid, [part]),
+    ),
+    "abort_multipart": (
+        "abort upload of up",
+        "writes",
+        lambda rs, uid, part: rs.abort_multipart("up", uid),
+    ),
+}
+
+
+class KindsAsked(Pacing):
+    """Pacing that keeps the kind of every pace asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: list[str] = []
+
+    def of(self, kind: str) -> Pace:
+        self.kinds.append(kind)
+        return super().of(kind)
+
+
+@pytest.mark.parametrize("method", sorted(ONE_CALL))
+def test_each_call_has_its_label_and_waits_in_its_pace(method: str) -> None:
+    label, kind, call = ONE_CALL[method]
+
+    async def go() -> None:
+        s, uid, part = await seeded()
+        pacing = KindsAsked()
+        rs = RetryingStore(s, POLICY, RetryStats(), pacing)
+        s.fail(method, temporary("boom"))
+        await call(rs, uid, part)
+        assert s.calls[method] == 2
+        assert rs.stats.last_error == f"{label}: boom"
+        assert pacing.kinds == [kind]
 
     run(go)
 

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from ckptgw.drain.scheduler import (
+from ckptgw.drain.uploads.scheduler import (
     AUDIT_SPACING_DIRTY,
     SMALL_FILE,
     Hold,
@@ -461,7 +461,7 @@ def test_temporary_failures_back_off_and_permanent_ones_wait_and_log_once(
         assert not w.files[1].dirty and not w.files[2].dirty
         assert s.errors == {}  # cleared once clean
 
-    with caplog.at_level(logging.WARNING, logger="ckptgw.drain.scheduler"):
+    with caplog.at_level(logging.WARNING, logger="ckptgw.drain.uploads.scheduler"):
         run(test)
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "403 AccessDenied" in errors[0].getMessage()
@@ -485,7 +485,7 @@ def test_a_flush_retries_a_failed_file_at_once_without_logging_it_again(
         await trio.sleep(100)
         assert len(starts(w, 1)) == 3
 
-    with caplog.at_level(logging.WARNING, logger="ckptgw.drain.scheduler"):
+    with caplog.at_level(logging.WARNING, logger="ckptgw.drain.uploads.scheduler"):
         run(test)
     assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 1
 
@@ -568,7 +568,7 @@ def test_the_emergency_drain_goes_newest_first_at_full_concurrency(
         await trio.sleep(0.01)
         assert {2, 1, 9} <= set(s.uploading()) | {i for _, i in w.started}
 
-    with caplog.at_level(logging.WARNING, logger="ckptgw.drain.scheduler"):
+    with caplog.at_level(logging.WARNING, logger="ckptgw.drain.uploads.scheduler"):
         run(test, max_files=1, emergency_files=4)
     assert "emergency drain (SIGTERM)" in caplog.text
 
@@ -632,7 +632,7 @@ def test_an_unexpected_error_is_logged_and_the_file_retried(
             assert w.calls == 2 and not w.files[1].dirty
             nursery.cancel_scope.cancel()
 
-    with caplog.at_level(logging.ERROR, logger="ckptgw.drain.scheduler"):
+    with caplog.at_level(logging.ERROR, logger="ckptgw.drain.uploads.scheduler"):
         trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert "failed unexpectedly" in caplog.text
 
@@ -657,7 +657,7 @@ def test_a_dirty_quiet_file_that_was_never_reported_is_found_and_queued(
         assert starts(w, 1)[0] <= 62.0
         assert s.lost_wakeups == 1 and not w.files[1].dirty
 
-    with caplog.at_level(logging.ERROR, logger="ckptgw.drain.scheduler"):
+    with caplog.at_level(logging.ERROR, logger="ckptgw.drain.uploads.scheduler"):
         run(test)
     assert "bug: lost is dirty and quiet but was not queued" in caplog.text
 

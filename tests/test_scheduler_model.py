@@ -27,7 +27,7 @@ import pytest
 import trio
 import trio.testing
 
-from ckptgw.drain.scheduler import Hold, Ready, ScheduleConfig, Scheduler
+from ckptgw.drain.uploads.scheduler import Hold, Ready, ScheduleConfig, Scheduler
 from ckptgw.store.interface import StoreError
 
 FILES = 3  # named files at once
@@ -55,7 +55,8 @@ class Upload:
 
 
 class ModelWorker:
-    """The engine's side of the contract (:class:`drain.scheduler.Worker`) over the model."""
+    """The engine's side of the contract (:class:`drain.uploads.scheduler.Worker`), over the
+    model."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.s = scheduler

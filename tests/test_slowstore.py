@@ -1,4 +1,5 @@
-"""A slow store never freezes the filesystem (the lookup path's deadline, drain/lookupwait.py).
+"""A slow store never freezes the filesystem (the lookup path's deadline:
+drain/reads/lookupwait.py).
 
 The filesystem's operations are called directly (no mount) on a node wired as the daemon
 wires it (``gateway.daemon.main._read_through``), over a file store whose listings and HEADs can
@@ -28,7 +29,7 @@ import pytest
 import trio
 import trio.testing
 
-from ckptgw.drain.readthrough import ReadThrough
+from ckptgw.drain.reads.readthrough import ReadThrough
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal import ROOT_INODE
 from ckptgw.fsops.operations import Operations
@@ -219,7 +220,7 @@ def test_a_stalled_listing_holds_a_lookup_no_longer_than_lookup_wait(
             assert n.stats.retries == 1  # the reset, counted like every other retry
             assert any("list run/" in m and "retry 1" in m for m in messages(
                 caplog, "ckptgw.store.retry", logging.INFO))  # fmt: skip
-            warnings = messages(caplog, "ckptgw.drain.lookupwait", logging.WARNING)
+            warnings = messages(caplog, "ckptgw.drain.reads.lookupwait", logging.WARNING)
             assert len(warnings) == 1 and store.url in warnings[0], warnings
             assert "LIST run/" in warnings[0]
             view = n.remote.waits.view()
@@ -231,9 +232,9 @@ def test_a_stalled_listing_holds_a_lookup_no_longer_than_lookup_wait(
             await n.until("the merge", lambda: n.fs.journal.lookup(run_dir, b"new.pt") is not None)
             await n.until("the stall's end", lambda: n.remote.waits.stalled_since is None)
             assert (await n.ops.lookup(run_dir, b"new.pt", CTX)).st_ino != 0
-            infos = messages(caplog, "ckptgw.drain.lookupwait", logging.INFO)
+            infos = messages(caplog, "ckptgw.drain.reads.lookupwait", logging.INFO)
             assert any("answers again" in m and "LIST run/" in m for m in infos), infos
-            assert len(messages(caplog, "ckptgw.drain.lookupwait", logging.WARNING)) == 1
+            assert len(messages(caplog, "ckptgw.drain.reads.lookupwait", logging.WARNING)) == 1
 
     run(test)
 
@@ -277,7 +278,7 @@ def test_a_directory_never_listed_waits_for_its_first_listing_and_a_failed_one_i
             await n.until("the listing", lambda: step.done)
             assert step.found, (step.errno, step.result, store.lists)
             assert any("cannot list the store" in m for m in messages(
-                caplog, "ckptgw.drain.listing", logging.WARNING))  # fmt: skip
+                caplog, "ckptgw.drain.reads.listing", logging.WARNING))  # fmt: skip
 
     run(test)
 

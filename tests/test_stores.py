@@ -18,7 +18,7 @@ import pytest
 import trio
 import trio.testing
 
-from ckptgw.drain.entries import read_meta
+from ckptgw.drain.reads.entries import read_meta
 from ckptgw.fsops.contentsum import Hasher, parts_checksum
 from ckptgw.fsops.objectmeta import PART_SIZE
 from ckptgw.store.deadlines import Deadlines

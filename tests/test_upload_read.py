@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from ckptgw.drain.upload import Changed, _read_hashed, _read_hashed_cached, _reason
+from ckptgw.drain.uploads.upload import Changed, _read_hashed, _read_hashed_cached, _reason
 from ckptgw.fsops.cache import fs_type
 from ckptgw.store.interface import SHORT_FILE, StoreError
 

@@ -19,20 +19,19 @@ copies, each step retried on its own.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import trio
 
 from ckptgw.store.interface import (
     MAX_PART,
-    Body,
     Described,
-    Listing,
     NotFound,
     ObjectInfo,
     Progress,
@@ -45,6 +44,7 @@ from ckptgw.store.pacing import READ, THROTTLED, WRITE, Pace, Pacing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Method = TypeVar("Method", bound=Callable[..., Coroutine[Any, Any, Any]])
 _JITTER = random.Random()
 ABORT_TIMEOUT = 30.0  # seconds an abort of a failed multipart copy may take, cancelled or not
 
@@ -159,6 +159,30 @@ def _answered(pace: Pace, ticket: float, e: StoreError) -> bool:
     return False
 
 
+def _retried(method: Method, kind: str, what: str) -> Method:
+    """``RetryingStore``'s version of the interface's ``method``: the same call on the inner
+    store, one request per attempt, retried as a ``kind`` request (:data:`READ` or
+    :data:`WRITE`: the pace it waits in) and labelled ``what`` in logs and errors, a format
+    string of the call's arguments by name ("put {key}"). Typed as ``method`` itself, so the
+    signature and its contract are written once, in :class:`Store`."""
+    signature = inspect.signature(method)
+    name = method.__name__
+
+    async def forward(self: RetryingStore, *args: Any, **kwargs: Any) -> Any:
+        call = signature.bind(self, *args, **kwargs)
+        call.apply_defaults()  # every argument passed on, as the caller's call states it
+        return await self._retry(
+            what.format(**call.arguments),
+            lambda: getattr(self.inner, name)(*call.args[1:], **call.kwargs),
+            kind,
+        )
+
+    forward.__name__ = name
+    forward.__qualname__ = f"RetryingStore.{name}"
+    forward.__doc__ = method.__doc__
+    return cast(Method, forward)
+
+
 class RetryingStore(Store):
     """A store whose every call is retried under one policy, failures counted in one stats.
 
@@ -211,11 +235,28 @@ class RetryingStore(Store):
     def part_workers_view(self) -> dict[str, object] | None:
         return self.inner.part_workers_view()
 
-    async def check(self) -> None:
-        await self._retry(f"checking the store {self.url}", self.inner.check, READ)
+    # The calls that are one inner call, retried: each with its kind of request and its label.
+    check = _retried(Store.check, READ, "checking the store {self.url}")
+    put = _retried(Store.put, WRITE, "put {key}")
+    head = _retried(Store.head, READ, "HEAD {key}")
+    delete = _retried(Store.delete, WRITE, "delete {key}")
+    put_tags = _retried(Store.put_tags, WRITE, "tag {key}")
+    get_lifecycle = _retried(Store.get_lifecycle, READ, "get lifecycle rules")
+    put_lifecycle = _retried(Store.put_lifecycle, WRITE, "put lifecycle rules")
+    list_dir = _retried(Store.list_dir, READ, "list {prefix}")
+    copy_part = _retried(
+        Store.copy_part, WRITE, "part {number} of {dst} (copy of {src} [{start}, {end}))"
+    )
+    create_multipart = _retried(Store.create_multipart, WRITE, "create upload of {key}")
+    upload_part = _retried(Store.upload_part, WRITE, "part {number} of {key}")
+    # Each attempt reads the part again: a retry holds no copy of it meanwhile.
+    upload_part_from = _retried(Store.upload_part_from, WRITE, "part {number} of {key}")
+    list_parts = _retried(Store.list_parts, READ, "list parts of {key}")
+    complete_multipart = _retried(Store.complete_multipart, WRITE, "complete {key}")
+    abort_multipart = _retried(Store.abort_multipart, WRITE, "abort upload of {key}")
 
-    async def put(self, key: str, data: bytes, metadata: dict[str, str]) -> str:
-        return await self._retry(f"put {key}", lambda: self.inner.put(key, data, metadata))
+    # The calls that do more than that: a label of their own, a resumed range, a copy in
+    # parts, a listing restarted.
 
     async def get(
         self, key: str, start: int = 0, end: int | None = None, *, etag: str | None = None
@@ -271,27 +312,9 @@ class RetryingStore(Store):
 
         await self._retry(f"GET {key} [{start}, {end})", attempt, READ)
 
-    async def head(self, key: str) -> ObjectInfo | None:
-        return await self._retry(f"HEAD {key}", lambda: self.inner.head(key), READ)
-
-    async def delete(self, key: str) -> None:
-        await self._retry(f"delete {key}", lambda: self.inner.delete(key))
-
     async def delete_many(self, keys: list[str]) -> None:
         what = f"delete {len(keys)} objects" + (f" from {keys[0]}" if keys else "")
         await self._retry(what, lambda: self.inner.delete_many(keys))
-
-    async def put_tags(self, key: str, tags: dict[str, str]) -> None:
-        await self._retry(f"tag {key}", lambda: self.inner.put_tags(key, tags))
-
-    async def get_lifecycle(self) -> list[dict[str, Any]]:
-        return await self._retry("get lifecycle rules", self.inner.get_lifecycle, READ)
-
-    async def put_lifecycle(self, rules: list[dict[str, Any]]) -> None:
-        await self._retry("put lifecycle rules", lambda: self.inner.put_lifecycle(rules))
-
-    async def list_dir(self, prefix: str) -> Listing:
-        return await self._retry(f"list {prefix}", lambda: self.inner.list_dir(prefix), READ)
 
     # -- copies ------------------------------------------------------------------------------------
 
@@ -346,61 +369,6 @@ class RetryingStore(Store):
                 except StoreError as e:  # the orphan sweep at the next start gets it
                     log.warning("could not abort the copy to %s: %s", dst, e)
             raise
-
-    async def copy_part(
-        self,
-        src: str,
-        dst: str,
-        upload_id: str,
-        number: int,
-        start: int,
-        end: int,
-        *,
-        etag: str | None = None,
-    ) -> str:
-        return await self._retry(
-            f"part {number} of {dst} (copy of {src} [{start}, {end}))",
-            lambda: self.inner.copy_part(src, dst, upload_id, number, start, end, etag=etag),
-        )
-
-    # -- multipart ---------------------------------------------------------------------------------
-
-    async def create_multipart(self, key: str, metadata: dict[str, str]) -> str:
-        return await self._retry(
-            f"create upload of {key}", lambda: self.inner.create_multipart(key, metadata)
-        )
-
-    async def upload_part(
-        self, key: str, upload_id: str, number: int, data: Body, crc32: int | None = None
-    ) -> str:
-        return await self._retry(
-            f"part {number} of {key}",
-            lambda: self.inner.upload_part(key, upload_id, number, data, crc32),
-        )
-
-    async def upload_part_from(
-        self, key: str, upload_id: str, number: int, fd: int, offset: int, length: int
-    ) -> tuple[str, int]:
-        """Each attempt reads the part again: a retry holds no copy of it meanwhile."""
-        return await self._retry(
-            f"part {number} of {key}",
-            lambda: self.inner.upload_part_from(key, upload_id, number, fd, offset, length),
-        )
-
-    async def list_parts(self, key: str, upload_id: str) -> dict[int, str]:
-        return await self._retry(
-            f"list parts of {key}", lambda: self.inner.list_parts(key, upload_id), READ
-        )
-
-    async def complete_multipart(self, key: str, upload_id: str, etags: list[str]) -> str:
-        return await self._retry(
-            f"complete {key}", lambda: self.inner.complete_multipart(key, upload_id, etags)
-        )
-
-    async def abort_multipart(self, key: str, upload_id: str) -> None:
-        await self._retry(
-            f"abort upload of {key}", lambda: self.inner.abort_multipart(key, upload_id)
-        )
 
     # -- listings ----------------------------------------------------------------------------------
 

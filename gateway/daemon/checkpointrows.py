@@ -2,9 +2,9 @@
 
 A resuming node asks first what the store holds; a fresh cache knows nothing of it. So the rows
 are this node's checkpoints (from the journal, as before) and the store's (from the last listing
-that :class:`~drain.catalog.StoreCatalog` made in the background), each row saying where it is
-(``where``: ``local``, only on this node; ``store``, only in the store listing, this node has
-not seen it; ``both``), whether it is complete (when a retention run
+that :class:`~drain.retention.catalog.StoreCatalog` made in the background), each row saying
+where it is (``where``: ``local``, only on this node; ``store``, only in the store listing, this
+node has not seen it; ``both``), whether it is complete (when a retention run
 covers it: the same rule the plan uses, with what it waits for), and whether it is pinned. Of
 the checkpoints only in the store, the newest ``STORE_ROWS`` of each directory are rows; the
 others are counted (``store_listing.omitted``). Nothing here calls the store: it reads the
@@ -19,7 +19,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ckptgw.drain.catalog import PER_DIRECTORY, CheckpointFile
 from ckptgw.drain.checkpoints import (
     DURABLE,
     CheckpointView,
@@ -29,7 +28,8 @@ from ckptgw.drain.checkpoints import (
     Recognizer,
     is_marker,
 )
-from ckptgw.drain.lifecycle import Lifecycle
+from ckptgw.drain.retention.catalog import PER_DIRECTORY, CheckpointFile
+from ckptgw.drain.retention.lifecycle import Lifecycle
 
 # checkpoints only in the store shown per directory (a run), newest first: those the walk lists
 STORE_ROWS = PER_DIRECTORY

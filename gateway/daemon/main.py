@@ -30,15 +30,15 @@ import pyfuse3
 import trio
 
 from ckptgw.drain.checkpoints import FileView, Recognizer
-from ckptgw.drain.engine import DrainEngine
-from ckptgw.drain.entries import Entries
-from ckptgw.drain.fetch import Fetcher
-from ckptgw.drain.lifecycle import Lifecycle
-from ckptgw.drain.listing import Listings
-from ckptgw.drain.lookupwait import LookupWait
-from ckptgw.drain.prefetch import Prefetcher
-from ckptgw.drain.readthrough import ReadThrough
-from ckptgw.drain.scheduler import Scheduler
+from ckptgw.drain.reads.entries import Entries
+from ckptgw.drain.reads.fetch import Fetcher
+from ckptgw.drain.reads.listing import Listings
+from ckptgw.drain.reads.lookupwait import LookupWait
+from ckptgw.drain.reads.prefetch import Prefetcher
+from ckptgw.drain.reads.readthrough import ReadThrough
+from ckptgw.drain.retention.lifecycle import Lifecycle
+from ckptgw.drain.uploads.engine import DrainEngine
+from ckptgw.drain.uploads.scheduler import Scheduler
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import JournalError
 from ckptgw.fsops.objectmeta import PART_SIZE
@@ -328,7 +328,7 @@ async def _read_through(
     entries = Entries(
         fs.table, fs.states, fs.keys, store, cfg.listing_ttl, lookup_store=listing_store
     )
-    # A lookup waits for those few attempts no longer than lookup_wait (drain.lookupwait).
+    # A lookup waits for those few attempts no longer than lookup_wait (drain.reads.lookupwait).
     waits = LookupWait(cfg.lookup_wait, _store_where(cfg))
     listings = Listings(
         fs.table,

@@ -20,12 +20,12 @@ from typing import Any
 import trio
 
 from ckptgw.drain.checkpoints import DRAINING, DURABLE, DirectoryTotals, FileView, Recognizer
-from ckptgw.drain.engine import DrainEngine
-from ckptgw.drain.fetch import FetchStats
-from ckptgw.drain.lifecycle import Lifecycle as Retention
-from ckptgw.drain.lookupwait import LookupWait
-from ckptgw.drain.prefetch import Prefetcher
-from ckptgw.drain.progress import UploadProgress
+from ckptgw.drain.reads.fetch import FetchStats
+from ckptgw.drain.reads.lookupwait import LookupWait
+from ckptgw.drain.reads.prefetch import Prefetcher
+from ckptgw.drain.retention.lifecycle import Lifecycle as Retention
+from ckptgw.drain.uploads.engine import DrainEngine
+from ckptgw.drain.uploads.progress import UploadProgress
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.storekeys import object_key

@@ -1,11 +1,11 @@
 """The drain engine: the scheduler's worker, joining it to the filesystem and the store.
 
-:class:`drain.scheduler.Scheduler` decides when a file goes; this module says whether a file
-can go now (``look``), takes it (``begin``: the file becomes ``uploading``, so any later change
-of its content is reported and stops the upload), uploads it (:mod:`drain.upload`) and cleans
-up after an upload that a change overtook. It also runs the store operations
-(:mod:`drain.storeops`), resumes or aborts uploads journaled by an earlier run, and aborts
-orphaned multipart uploads.
+:class:`drain.uploads.scheduler.Scheduler` decides when a file goes; this module says whether
+a file can go now (``look``), takes it (``begin``: the file becomes ``uploading``, so any later
+change of its content is reported and stops the upload), uploads it
+(:mod:`drain.uploads.upload`) and cleans up after an upload that a change overtook. It also runs
+the store operations (:mod:`drain.uploads.storeops`), resumes or aborts uploads journaled by an
+earlier run, and aborts orphaned multipart uploads.
 
 "Durable" is defined here, once (:meth:`DrainEngine.durability`): status, wait, retention, the
 emergency drain and the shutdown log all go by it.
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import trio
 
 from ckptgw.drain.checkpoints import DRAINING, DURABLE, LOCAL
-from ckptgw.drain.progress import DrainStats, UploadProgress
-from ckptgw.drain.scheduler import Hold, Ready, Scheduler
-from ckptgw.drain.storeops import StoreOps
-from ckptgw.drain.upload import Changed, UploadConfig, Uploader
+from ckptgw.drain.uploads.progress import DrainStats, UploadProgress
+from ckptgw.drain.uploads.scheduler import Hold, Ready, Scheduler
+from ckptgw.drain.uploads.storeops import StoreOps
+from ckptgw.drain.uploads.upload import Changed, UploadConfig, Uploader
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.inodes import Inode
 from ckptgw.fsops.journal import InodeRow, State

@@ -2,8 +2,8 @@
 the prefetch a read of a checkpoint's file starts.
 
 A lookup or an opendir waits for the store at most ``store.lookup_wait`` seconds
-(:mod:`drain.lookupwait`): for the directory's listing (where the journal may answer
-without it: :meth:`drain.listing.Listings.has_view`), and for the description of the entry
+(:mod:`drain.reads.lookupwait`): for the directory's listing (where the journal may answer
+without it: :meth:`drain.reads.listing.Listings.has_view`), and for the description of the entry
 looked up (then it is answered with attributes the kernel does not keep, and looked up again
 at its next use). What was asked goes on in the background and is applied when it comes.
 """
@@ -15,11 +15,11 @@ import os
 
 import trio
 
-from ckptgw.drain.entries import Entries
-from ckptgw.drain.fetch import Fetcher
-from ckptgw.drain.listing import Listings
-from ckptgw.drain.lookupwait import LookupWait, Pending
-from ckptgw.drain.prefetch import Prefetcher
+from ckptgw.drain.reads.entries import Entries
+from ckptgw.drain.reads.fetch import Fetcher
+from ckptgw.drain.reads.listing import Listings
+from ckptgw.drain.reads.lookupwait import LookupWait, Pending
+from ckptgw.drain.reads.prefetch import Prefetcher
 from ckptgw.fsops.inodes import Inode, fs_error
 from ckptgw.fsops.journal import InodeRow, State
 

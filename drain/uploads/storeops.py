@@ -30,7 +30,7 @@ import logging
 
 import trio
 
-from ckptgw.drain.scheduler import Scheduler, Signal
+from ckptgw.drain.uploads.scheduler import Scheduler, Signal
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import State, StoreOp
 from ckptgw.fsops.objectmeta import encode, updated

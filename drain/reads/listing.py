@@ -7,7 +7,7 @@ journal transaction:
 
 * an object the journal does not have becomes a ``remote`` row, a prefix a ``remote``
   directory. Size and times come from the listing; the rest from the object's metadata
-  (:mod:`drain.entries`). A directory's marker and a small object (it may be a symlink or a
+  (:mod:`drain.reads.entries`). A directory's marker and a small object (it may be a symlink or a
   special file, which decides the row's kind) are read here, before the merge, in parallel
   (one whose metadata cannot be read now is left for the next listing). A bigger object is a
   regular file, described later: by its first lookup (a HEAD), by the first response of a
@@ -28,9 +28,9 @@ journal transaction:
 
 A failed listing is logged once (until one works again); it is tried again after ``ttl``.
 
-**A slow store.** A listing runs in the background (:mod:`drain.lookupwait`) and a lookup waits
-for it at most ``store.lookup_wait`` seconds after it started; later lookups share it rather
-than start another, and its merge is made whenever it completes. Past the deadline, a lookup
+**A slow store.** A listing runs in the background (:mod:`drain.reads.lookupwait`) and a lookup
+waits for it at most ``store.lookup_wait`` seconds after it started; later lookups share it
+rather than start another, and its merge is made whenever it completes. Past the deadline, a lookup
 is answered from the journal only where the journal's view of the directory can be trusted
 to say "no such name" (:meth:`Listings.has_view`): the directory was listed or made since the
 mount, or, from before it, made on this node or holding entries (a view as old as its last
@@ -54,8 +54,8 @@ from dataclasses import dataclass
 
 import trio
 
-from ckptgw.drain.entries import Entries, read_meta
-from ckptgw.drain.lookupwait import LookupWait, Pending
+from ckptgw.drain.reads.entries import Entries, read_meta
+from ckptgw.drain.reads.lookupwait import LookupWait, Pending
 from ckptgw.fsops.inodes import Inode, InodeTable
 from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.names import RESERVED
@@ -207,7 +207,7 @@ class Listings:
         ``du`` then stats every name (a lookup of an entry still unknown would HEAD it, one
         after another). A read that fails leaves the entry for its lookup. ``deadline``, as
         for :meth:`refresh`: the reads go on in the background past it (an entry's lookup
-        meanwhile shares its read: :meth:`drain.entries.Entries.describe`)."""
+        meanwhile shares its read: :meth:`drain.reads.entries.Entries.describe`)."""
         job = self._describing.get(d.id) or await self.waits.start(
             self._describing,
             d,

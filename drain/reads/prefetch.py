@@ -2,10 +2,10 @@
 
 A warm-up (:meth:`Prefetcher.warmup`: ``ckptgw warmup PATH``, or the first open of a remote
 file of a checkpoint when ``cache.prefetch`` is on) resolves the path, lists every directory
-below it (:mod:`drain.listing`), and plans: the remote files largest first, as long as they
+below it (:mod:`drain.reads.listing`), and plans: the remote files largest first, as long as they
 fit in the cache's room (:meth:`fsops.space.CacheSpace.free_bytes`, less what the checkpoint
 already has cached); the rest is reported as not fitting, never fetched at the cost of dirty
-data. Then it fetches them (:meth:`drain.fetch.Fetcher.ensure_whole`) in natural name order
+data. Then it fetches them (:meth:`drain.reads.fetch.Fetcher.ensure_whole`) in natural name order
 (``__0_2`` before ``__0_10``: the order in which loaders read shards, so the loader follows
 the fetches instead of asking for files they have not reached), at the lowest priority of
 the GET slots: a reader's own ranges always go first. No HEAD comes first: a file's first
@@ -42,9 +42,9 @@ from typing import Any
 import trio
 
 from ckptgw.drain.checkpoints import Recognizer
-from ckptgw.drain.entries import Entries
-from ckptgw.drain.fetch import Fetcher
-from ckptgw.drain.listing import Listings
+from ckptgw.drain.reads.entries import Entries
+from ckptgw.drain.reads.fetch import Fetcher
+from ckptgw.drain.reads.listing import Listings
 from ckptgw.fsops.inodes import Inode, InodeTable
 from ckptgw.fsops.journal import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.space import CacheSpace
@@ -317,7 +317,7 @@ class Prefetcher:
     async def _fetch_all(self, job: Warmup, todo: list[tuple[Inode, str]]) -> None:
         """The fetches, a few files more than there are GETs in flight. A file not yet
         described needs no HEAD first: its first GET's response describes it
-        (:meth:`drain.fetch.Fetcher.described`), and a GET pinned to the listed ETag fails
+        (:meth:`drain.reads.fetch.Fetcher.described`), and a GET pinned to the listed ETag fails
         as an open would if the object is gone or was rewritten."""
         fetches = trio.CapacityLimiter(2 * self.fetcher.config.fetch_parallel)
 

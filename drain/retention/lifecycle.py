@@ -10,7 +10,7 @@ Checkpoints are grouped by :class:`~drain.checkpoints.Recognizer`; pins are empt
 ``<prefix>.ckptgw-pins/<path>``, so every node sees the same pins. Only a checkpoint that exists
 is pinned: one with files only in this node's cache, or at least one object in the store.
 Status reads the pins from a copy kept here (updated by pin, unpin, every listing of them and
-the background listing of :class:`~drain.catalog.StoreCatalog`), never from the store.
+the background listing of :class:`~drain.retention.catalog.StoreCatalog`), never from the store.
 
 A directory's marker object belongs to the checkpoint it is in (and goes with it), but a
 checkpoint of markers only (a ``step_N/`` made before its files) is never complete. A symlink
@@ -40,11 +40,11 @@ from typing import Any
 
 import trio
 
-from ckptgw.drain.catalog import CheckpointFile as _File
-from ckptgw.drain.catalog import StoreCatalog, StoredCheckpoint, list_files
 from ckptgw.drain.checkpoints import DURABLE, EntryCount, FileView, Recognizer
-from ckptgw.drain.entries import read_meta
-from ckptgw.drain.retention import DELETE, TRANSITION, Candidate, Decision, Policy, plan
+from ckptgw.drain.reads.entries import read_meta
+from ckptgw.drain.retention.catalog import CheckpointFile as _File
+from ckptgw.drain.retention.catalog import StoreCatalog, StoredCheckpoint, list_files
+from ckptgw.drain.retention.policy import DELETE, TRANSITION, Candidate, Decision, Policy, plan
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import State
 from ckptgw.fsops.names import RESERVED

@@ -3,10 +3,10 @@
 A listing shows keys, sizes and ETags only. The rest (mode, owner, mtime, extended attributes,
 a file's checksum, and whether a small object is a symlink or a special file: see
 :mod:`fsops.objectmeta`) is in each object's metadata, which takes a HEAD. A listing HEADs the
-entries it has not seen, in parallel and up to a bound (:mod:`drain.listing`); any other
+entries it has not seen, in parallel and up to a bound (:mod:`drain.reads.listing`); any other
 remote entry is described at its first lookup, and until then the kernel is told not to keep
 its attributes (:meth:`Entries.known`). Lookups of one entry share one read, and a lookup
-waits for it at most ``store.lookup_wait`` (:mod:`drain.readthrough`): past that it answers
+waits for it at most ``store.lookup_wait`` (:mod:`drain.reads.readthrough`): past that it answers
 with the listing's attributes, still not kept, and the read goes on. An open HEADs the object
 again unless that was done within ``fresh_for`` seconds: it must not open what was deleted or
 rewritten meanwhile.

@@ -36,7 +36,7 @@ from typing import TypeVar
 import trio
 import xxhash
 
-from ckptgw.drain.progress import COMPLETING, SENDING, DrainStats, UploadProgress
+from ckptgw.drain.uploads.progress import COMPLETING, SENDING, DrainStats, UploadProgress
 from ckptgw.fsops.contentsum import PARTS, part_size_of, parts_checksum
 from ckptgw.fsops.inodes import Inode, InodeTable
 from ckptgw.fsops.journal import State, UploadRow

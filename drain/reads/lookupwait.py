@@ -1,13 +1,13 @@
 """How long a lookup waits for the store: the deadline on the lookup path, and its stalls.
 
-A lookup or an opendir may need the store: a listing of the directory (:mod:`drain.listing`)
+A lookup or an opendir may need the store: a listing of the directory (:mod:`drain.reads.listing`)
 or the description of an entry (a HEAD, or the first response of its fetch:
-:mod:`drain.entries`). Each such request runs in the background, shared by every lookup that
+:mod:`drain.reads.entries`). Each such request runs in the background, shared by every lookup that
 needs it while it runs, and a lookup waits for it at most ``wait`` seconds after the request
 started (``store.lookup_wait``): a kernel that holds a directory's lock for a lookup holds
 every create in that directory behind it, so a store that stalls one LIST would otherwise
 stall a whole save. Past the deadline the caller answers from what the journal knows (what
-it may answer is the caller's rule: :meth:`drain.listing.Listings.has_view`); the request
+it may answer is the caller's rule: :meth:`drain.reads.listing.Listings.has_view`); the request
 goes on, and what it brings is applied when it completes.
 
 A request a lookup stopped waiting for is a stall. The first stall of an episode is logged at

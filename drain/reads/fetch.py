@@ -1,7 +1,7 @@
 """Read-through: the content of remote files, fetched into the cache with parallel ranged GETs.
 
 Opening a remote file checks that the object still exists (a HEAD, which also brings its
-checksum and attributes, unless its lookup or a prefetch just did: :mod:`drain.entries`;
+checksum and attributes, unless its lookup or a prefetch just did: :mod:`drain.reads.entries`;
 ENOENT if it is gone) and starts fetching it into a sparse cache file of the full size, with
 ranged GETs pinned to the object's ETag (a rewrite during the fetch is ESTALE, never a mix of
 versions).
@@ -17,7 +17,7 @@ delay the first bytes; a retry resumes where the bytes end.
 
 GETs in flight are shared by every fetch (:class:`Slots`); a freed one goes to a range a
 reader is waiting for first, then to read-ahead of files that are open, then to prefetches
-(:mod:`drain.prefetch`). Ranges go in file order from where the reader is (sequential
+(:mod:`drain.reads.prefetch`). Ranges go in file order from where the reader is (sequential
 read-ahead), ranges a reader waits for first.
 
 The content checksum (:mod:`fsops.contentsum`: the xxh3-128 in a single PUT's metadata, or
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import trio
 
-from ckptgw.drain.entries import Entries, read_meta
+from ckptgw.drain.reads.entries import Entries, read_meta
 from ckptgw.fsops.contentsum import Hasher, part_size_of
 from ckptgw.fsops.inodes import Inode, InodeTable, fs_error
 from ckptgw.fsops.journal import State
