@@ -2,6 +2,6 @@
 
 import sys
 
-from ckptgw.gateway.cli import main
+from ckptgw.gateway.cli.main import main
 
 sys.exit(main())

@@ -41,7 +41,7 @@ class FsOptions:
     writeback_cache: bool = True
     passthrough: bool = True  # FUSE passthrough where the kernel and the build allow it
     attr_timeout: float = 1.0
-    cache_limit: int | None = None  # bytes the cache files may hold; None: the disk's room
+    cache_size: int | None = None  # bytes the cache files may hold; None: the disk's room
     write_wait: float = 60.0  # how long a write waits for the drain to free room
 
 
@@ -82,11 +82,11 @@ class Filesystem:
             self.cache.close()
             self.journal.db.close()
             raise
-        self.space = CacheSpace(self.table, self.states, opts.cache_limit, opts.write_wait)
+        self.space = CacheSpace(self.table, self.states, opts.cache_size, opts.write_wait)
         self.keys = StoreKeys(self.table, self.states, self.events, opts.key_prefix)
         self.parts = Parts(self.table, self.states, self.keys, self.space)
         self.namespace = Namespace(self.parts, KeyRules(opts.key_prefix))
-        self.path = Passthrough(opts.passthrough, self.cache, writers=opts.cache_limit is None)
+        self.path = Passthrough(opts.passthrough, self.cache, writers=opts.cache_size is None)
         self.files = OpenFiles(self.parts, opts.writeback_cache, self.path)
         self.requests = RequestStats()  # what the kernel asked, by kind
 

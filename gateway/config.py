@@ -15,11 +15,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ckptgw.drain.reads.fetch import FetchConfig
+from ckptgw.drain.reads.listing import ListingConfig
 from ckptgw.drain.retention.lifecycle import BucketRules, RunPolicy
 from ckptgw.drain.retention.policy import Policy
+from ckptgw.drain.uploads.engine import DrainConfig
+from ckptgw.drain.uploads.scheduler import ScheduleConfig
+from ckptgw.drain.uploads.upload import UploadConfig
+from ckptgw.fsops.filesystem import FsOptions
+from ckptgw.gateway.daemon.preemption import WatchConfig
 from ckptgw.gateway.errors import UserError
-from ckptgw.gateway.settings import BY_NAME, SECTIONS, default, known, parse_size
+from ckptgw.gateway.settings import BY_NAME, SECTIONS, SETTINGS, default, known, parse_size
 from ckptgw.store.deadlines import Deadlines
+from ckptgw.store.pacing import PacingConfig
 from ckptgw.store.url import StoreURL, StoreURLError, parse_store_url
 
 __all__ = ["Config", "cache_home", "data_home", "load_config", "parse_size"]
@@ -132,14 +140,71 @@ class Config:
     checkpoint_patterns: tuple[str, ...] = default("lifecycle.patterns")
     bucket_rules: BucketRules = field(default_factory=BucketRules)
 
+    # What each module below the gateway is given of the settings, built here and only here;
+    # each field keeps the table's name (ScheduleConfig.max_small_files is drain.max_small_files).
+
     @property
     def deadlines(self) -> Deadlines:
         """What every request to the store is held to (ckptgw.store.deadlines)."""
         return Deadlines(
-            connect=self.connect_timeout,
-            first_byte=self.first_byte_timeout,
-            stall=self.stall_timeout,
-            warning=self.stall_warning,
+            connect_timeout=self.connect_timeout,
+            first_byte_timeout=self.first_byte_timeout,
+            stall_timeout=self.stall_timeout,
+            stall_warning=self.stall_warning,
+        )
+
+    def pacing(self) -> PacingConfig:
+        return PacingConfig(adaptive_rate=self.adaptive_rate, min_rate=self.min_rate)
+
+    def fs_options(self) -> FsOptions:
+        return FsOptions(
+            store_url=str(self.store),
+            key_prefix=self.store.key_prefix,
+            reserve_bytes=self.reserve_bytes,
+            early_writeback=self.early_writeback,
+            direct_io=self.direct_io,
+            writeback_cache=self.writeback_cache,
+            passthrough=self.passthrough,
+            attr_timeout=self.attr_timeout,
+            cache_size=self.cache_size,
+            write_wait=self.write_wait,
+        )
+
+    def schedule(self) -> ScheduleConfig:
+        return ScheduleConfig(
+            settle=self.settle,
+            max_files=self.max_files,
+            emergency_files=self.max_parts,  # the emergency drain: as many files as parts
+            permanent_retry=self.permanent_retry,
+            max_small_files=self.max_small_files,
+            yield_to_saves=self.yield_to_saves,
+        )
+
+    def drain(self) -> DrainConfig:
+        return DrainConfig(
+            max_parts=self.max_parts,
+            upload=UploadConfig(
+                multipart_threshold=max(self.multipart_threshold, 5 << 20),
+                part_size=self.part_size,
+            ),
+        )
+
+    def listing(self) -> ListingConfig:
+        return ListingConfig(listing_ttl=self.listing_ttl)
+
+    def fetch(self) -> FetchConfig:
+        return FetchConfig(
+            fetch_chunk=self.fetch_chunk,
+            fetch_chunk_max=self.fetch_chunk_max,
+            fetch_parallel=self.fetch_parallel,
+        )
+
+    def preemption(self) -> WatchConfig:
+        return WatchConfig(
+            self.preemption_provider,
+            self.preemption_url,
+            self.preemption_interval,
+            self.preemption_command,
         )
 
     @property
@@ -238,6 +303,10 @@ def _tables(path: Path, name: str, body: object) -> list[dict[str, Any]]:
     raise UserError(f"{where}: {name} must be one section, [{name}], not {got}")
 
 
+# The settings of Config: every section but the per-run [[retention]] tables and `serve nfs`'s.
+_CONFIG_SETTINGS = tuple(s for s in SETTINGS if s.section not in ("retention", "nfs"))
+
+
 def load_config(
     mountpoint: str,
     *,
@@ -252,77 +321,59 @@ def load_config(
     log_file: str | None = None,
     foreground: bool = False,
 ) -> Config:
+    """Every setting of the table: the flag's value (None or "": not given), else the file's,
+    else the table's default; then the defaults that depend on the machine."""
     data = read_config_file(Path(config_file)) if config_file else {}
-
-    def get(name: str, override: object = None) -> Any:
-        """One setting: the flag's value, else the file's, else the table's default."""
-        s = BY_NAME[name]
-        return s.read(data.get(s.section, {}), override)
-
+    flags: dict[str, object] = {
+        "store.url": store,
+        "cache.dir": cache_dir,
+        "store.endpoint_url": endpoint_url,
+        "mount.allow_other": allow_other,
+        "mount.passthrough": passthrough,
+        "store.allow_local": allow_local_store,
+        "log.level": log_level,
+        "log.file": log_file,
+    }
     mp = Path(os.path.abspath(mountpoint))
-    url = get("store.url", store or None) or f"file://{data_home() / 'store'}"
-    try:
-        store_url = parse_store_url(url)
-    except StoreURLError as e:
-        raise UserError(str(e)) from None
-    cdir = get("cache.dir", cache_dir or None) or str(cache_home() / _escape_path(mp))
-    lf = get("log.file", log_file or None)
+    fields: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}  # "bucket_rules.abort_days": one object's field
+    for s in _CONFIG_SETTINGS:
+        override = flags.get(s.name)
+        override = None if override == "" else override  # an empty flag: not given
+        value = _computed(s.name, s.read(data.get(s.section, {}), override), mp)
+        owner, dot, name = s.field.partition(".")
+        if dot:
+            nested.setdefault(owner, {})[name] = value
+        else:
+            fields[s.field] = value
     return Config(
         mountpoint=mp,
-        store=store_url,
-        cache_dir=Path(os.path.abspath(cdir)),
-        endpoint_url=_endpoint(
-            get("store.endpoint_url", endpoint_url or None) or os.environ.get("AWS_ENDPOINT_URL")
-        ),
-        allow_other=get("mount.allow_other", allow_other),
-        writeback_cache=get("mount.writeback_cache"),
-        passthrough=get("mount.passthrough", passthrough),
-        attr_timeout=get("mount.attr_timeout"),
-        reserve_bytes=get("cache.reserve"),
-        early_writeback=get("cache.early_writeback"),
-        direct_io=get("cache.direct_io"),
-        log_level=get("log.level", log_level or None),
-        log_file=Path(os.path.abspath(lf)) if lf else None,
-        allow_local_store=get("store.allow_local", allow_local_store),
         foreground=foreground,
-        settle=get("drain.settle"),
-        max_files=get("drain.max_files"),
-        max_small_files=get("drain.max_small_files"),
-        yield_to_saves=_yield_to_saves(get("drain.yield_to_saves")),
-        max_parts=get("drain.max_parts"),
-        part_workers=_part_workers(get("drain.part_workers")),
-        part_size=get("drain.part_size"),
-        multipart_threshold=get("drain.multipart_threshold"),
-        permanent_retry=get("drain.permanent_retry"),
-        listing_ttl=get("store.listing_ttl"),
-        connect_timeout=get("store.connect_timeout"),
-        first_byte_timeout=get("store.first_byte_timeout"),
-        stall_timeout=get("store.stall_timeout"),
-        stall_warning=get("store.stall_warning"),
-        lookup_wait=get("store.lookup_wait"),
-        adaptive_rate=get("store.adaptive_rate"),
-        min_rate=get("store.min_rate"),
-        cache_size=get("cache.size"),
-        write_wait=get("cache.write_wait"),
-        fetch_chunk=get("cache.fetch_chunk"),
-        fetch_chunk_max=get("cache.fetch_chunk_max"),
-        prefetch=get("cache.prefetch"),
-        fetch_parallel=get("cache.fetch_parallel"),
-        shutdown_deadline=get("shutdown.deadline"),
-        preemption_provider=get("preemption.provider"),
-        preemption_url=get("preemption.url"),
-        preemption_interval=get("preemption.interval"),
-        preemption_command=get("preemption.command"),
-        metrics_listen=get("metrics.listen"),
         retention=tuple(_run_policy(t) for t in data.get("retention", [])),
-        lifecycle_interval=get("lifecycle.interval"),
-        checkpoint_patterns=get("lifecycle.patterns"),
-        bucket_rules=BucketRules(
-            abort_days=get("lifecycle.abort_days"),
-            storage_class=get("lifecycle.storage_class"),
-            transition_days=get("lifecycle.transition_days"),
-        ),
+        bucket_rules=BucketRules(**nested.pop("bucket_rules")),
+        **fields,
     )
+
+
+def _computed(name: str, value: Any, mountpoint: Path) -> Any:
+    """One setting as Config holds it: the defaults that depend on the machine, the paths made
+    absolute, the store's URL parsed."""
+    if name == "store.url":
+        try:
+            return parse_store_url(value or f"file://{data_home() / 'store'}")
+        except StoreURLError as e:
+            raise UserError(str(e)) from None
+    if name == "store.endpoint_url":
+        return _endpoint(value or os.environ.get("AWS_ENDPOINT_URL"))
+    if name == "cache.dir":
+        return Path(os.path.abspath(value or str(cache_home() / _escape_path(mountpoint))))
+    if name == "log.file":
+        return Path(os.path.abspath(value)) if value else None
+    if name == "drain.yield_to_saves":
+        return _yield_to_saves(value)
+    if name == "drain.part_workers":
+        return _part_workers(value)
+    return value
 
 
 def _run_policy(t: dict[str, Any]) -> RunPolicy:

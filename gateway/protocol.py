@@ -4,7 +4,7 @@ ends reach a socket whose path is too long for a socket address.
 
 It imports nothing heavy, so the CLI (``ckptgw status`` is the Kubernetes readiness and
 liveness probe) starts without loading the filesystem, trio or the S3 client; the socket's
-server is in :mod:`gateway.control`, the client in :mod:`gateway.client`."""
+server is in :mod:`gateway.daemon.control`, the client in :mod:`gateway.client`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-# The control socket's request/reply version (gateway/control.py serves it).
+# The control socket's request/reply version (gateway/daemon/control.py serves it).
 PROTOCOL_VERSION = 1
 # ``ckptgw mount`` (and ``serve nfs``) passes the process it starts a pipe's fd in this
 # variable; that one writes one line to it: ``ok``, ``ok warning: ...`` (mounted, with one

@@ -74,9 +74,9 @@ def plain_ganesha(
     ns: NetNs, root: Path, state: Path, *, port: int, pseudo: str, root_squash: bool = True
 ) -> Iterator[None]:
     """NFS-Ganesha exporting ``root``, a plain directory, with the configuration ``serve nfs``
-    writes (gateway.nfsexport.ganesha_conf), NFSv4 only, on ``port`` in ``ns``: the floor that
+    writes (gateway.nfs.export.ganesha_conf), NFSv4 only, on ``port`` in ``ns``: the floor that
     the bench and the conformance run compare ckptgw's export with. Stopped on exit."""
-    from ckptgw.gateway.nfsexport import Export, ganesha_binary, ganesha_conf
+    from ckptgw.gateway.nfs.export import Export, ganesha_binary, ganesha_conf
 
     (state / "recovery").mkdir(parents=True)
     export = Export(

@@ -10,14 +10,24 @@ import subprocess
 import sys
 from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ckptgw.drain.reads.fetch import FetchConfig
+from ckptgw.drain.reads.listing import ListingConfig
 from ckptgw.drain.retention.lifecycle import RunPolicy
+from ckptgw.drain.uploads.engine import DrainConfig
+from ckptgw.drain.uploads.scheduler import ScheduleConfig
+from ckptgw.drain.uploads.upload import UploadConfig
+from ckptgw.fsops.filesystem import FsOptions
 from ckptgw.gateway.config import _KNOWN, Config, load_config
+from ckptgw.gateway.daemon.preemption import WatchConfig
 from ckptgw.gateway.errors import UserError
-from ckptgw.gateway.nfsexport import load_export
+from ckptgw.gateway.nfs.export import load_export
 from ckptgw.gateway.settings import ENVIRONMENT, SETTINGS, example, reference
+from ckptgw.store.deadlines import Deadlines
+from ckptgw.store.pacing import PacingConfig
 from ckptgw.store.url import parse_store_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,3 +222,33 @@ def test_every_environment_variable_the_code_reads_is_in_the_reference() -> None
     assert "CKPTGW_RUNTIME_DIR" in names and "NO_COLOR" in names  # the scan works
     documented = " ".join(f"{name} {what}" for name, what in ENVIRONMENT)
     assert {n for n in names if n not in documented} == set(), "add them to settings.ENVIRONMENT"
+
+
+def test_the_lower_configs_default_to_the_table() -> None:
+    """A module below the gateway may not import it, so its config object restates defaults for
+    its own tests and benches: each one is the table's, under the table's name (the key, or the
+    Config field), and every field Config hands it is one the table names."""
+    lower: dict[type[Any], tuple[str, ...]] = {
+        Deadlines: ("store",),
+        PacingConfig: ("store",),
+        FsOptions: ("cache", "mount"),
+        ScheduleConfig: ("drain",),
+        DrainConfig: ("drain",),
+        UploadConfig: ("drain",),
+        ListingConfig: ("store",),
+        FetchConfig: ("cache",),
+        WatchConfig: ("preemption",),
+    }
+    checked = 0
+    for cls, sections in lower.items():
+        for f in dataclasses.fields(cls):
+            found = [s for s in SETTINGS if s.section in sections and f.name in (s.key, s.field)]
+            if not found or f.default is dataclasses.MISSING:
+                continue
+            (s,) = found
+            want = None if s.default is None else s.kind.parse(s.default, s.name)
+            if s.default is None and s.name not in ("cache.size", "cache.fetch_chunk"):
+                continue  # computed on the machine that runs (yield_to_saves)
+            assert f.default == want, f"{cls.__name__}.{f.name} = {f.default!r}, {s.name}: {want!r}"
+            checked += 1
+    assert checked >= 20, checked

@@ -59,7 +59,9 @@ from tests.conftest import CheckedGateway, GatewayFactory, any_data_path, needs_
 from tests.s3server import free_port
 from tests.test_drain import wait_for
 
-D = Deadlines(connect=10, first_byte=30, stall=20, warning=5, continue_wait=1)
+D = Deadlines(
+    connect_timeout=10, first_byte_timeout=30, stall_timeout=20, stall_warning=5, continue_wait=1
+)
 
 
 def watch_in(phase: str, at: float = 100.0, *, slow: bool = False) -> RequestWatch:
@@ -133,7 +135,7 @@ def test_the_watchdog_cancels_a_silent_call_and_spares_a_moving_one() -> None:
     """On a real asyncio loop (the S3 client's thread): a call that never moves ends with
     the deadline's error, within a bound; one that moves more often than the stall
     deadline runs well past it."""
-    quick = Deadlines(first_byte=0.3, stall=0.3, warning=0.1)
+    quick = Deadlines(first_byte_timeout=0.3, stall_timeout=0.3, stall_warning=0.1)
     stalls: list[tuple[str, bool]] = []
     dog = Watchdog(quick, "http://store", 32, lambda w, s: stalls.append((w.what, s)))
     loop = LoopThread()
@@ -170,7 +172,7 @@ def test_the_watchdog_cancels_a_silent_call_and_spares_a_moving_one() -> None:
 # Short enough for a quick test, long enough that a healthy answer of moto on a loaded
 # machine never reaches them; and counts asserted as "at least", never exact where a slow
 # moment could add a retry.
-QUICK = Deadlines(connect=5, first_byte=3, stall=3, warning=0.5)
+QUICK = Deadlines(connect_timeout=5, first_byte_timeout=3, stall_timeout=3, stall_warning=0.5)
 FAST = RetryPolicy(attempts=6, base=0.01, cap=1)
 
 
@@ -296,7 +298,7 @@ def test_a_body_the_server_stops_reading_is_seen_stalled_then_sent_again(
     data = os.urandom(32 << 20)  # more than the loopback socket buffers hold
 
     async def go() -> None:
-        deadlines = Deadlines(stall=3, warning=0.5)
+        deadlines = Deadlines(stall_timeout=3, stall_warning=0.5)
         async with proxied(s3_endpoint, bucket, deadlines) as (store, proxy):
             stats = RetryStats()
             proxy.add(Fault("stop-reading", "PUT", "/big.pt"))
@@ -357,7 +359,7 @@ def test_part_workers_hold_to_the_same_deadlines_and_say_so(
     path.write_bytes(b"".join(parts))
 
     async def go() -> None:
-        deadlines = Deadlines(stall=3, warning=0.5)
+        deadlines = Deadlines(stall_timeout=3, stall_warning=0.5)
         async with proxied(s3_endpoint, bucket, deadlines, part_workers=1) as (store, proxy):
             proxy.ignore_expect = True
             stats = RetryStats()
@@ -510,7 +512,7 @@ def test_through_a_mount_a_stalled_part_is_named_in_status_metrics_and_log_then_
         assert r["path"] == str(gw.mountpoint / "latest.pt")
         [upload] = st["uploads"]
         assert "PART 2 of ckpt/latest.pt (sending)" in upload["stalled"]
-        schema = resources.files("gateway").joinpath("status.schema.json").read_text()
+        schema = resources.files("gateway.daemon").joinpath("status.schema.json").read_text()
         jsonschema.validate(st, json.loads(schema))
         text = gw.cli("status", str(gw.mountpoint)).stdout
         assert f"endpoint  {proxy.url}: 1 of " in text

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ckptgw.gateway.cli import _parser
+from ckptgw.gateway.cli.main import _parser
 from ckptgw.gateway.config import Config, load_config
 from ckptgw.gateway.harness import Gateway
 
@@ -307,7 +307,7 @@ def test_systemd_unit_fields_and_commands() -> None:
 
 
 def test_nfs_units_serve_the_mount_of_their_instance(tmp_path: Path) -> None:
-    from ckptgw.gateway.nfsexport import load_export
+    from ckptgw.gateway.nfs.export import load_export
 
     u = unit("ckptgw-nfs@.service")
     assert u["BindsTo"] == ["ckptgw@%i.service"] and "ckptgw@%i.service" in u["After"][0]

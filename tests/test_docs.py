@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 from bench import report
-from ckptgw.gateway import completion
-from ckptgw.gateway.cli import _parser
-from ckptgw.gateway.commandref import reference
+from ckptgw.gateway.cli import completion
+from ckptgw.gateway.cli.commandref import reference
+from ckptgw.gateway.cli.main import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -19,7 +19,7 @@ PAGES = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").r
 def test_docs_commands_md_is_the_generated_reference() -> None:
     doc = (ROOT / "docs/commands.md").read_text()
     assert doc == reference(), (
-        "regenerate with: python -m ckptgw.gateway.commandref > docs/commands.md"
+        "regenerate with: python -m ckptgw.gateway.cli.commandref > docs/commands.md"
     )
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from ckptgw.gateway.hostcheck import FAIL, INFO, OK, WARN
-from ckptgw.gateway.storeprobe import clock_check
+from ckptgw.gateway.doctor.hostcheck import FAIL, INFO, OK, WARN
+from ckptgw.gateway.doctor.storeprobe import clock_check
 from tests.conftest import GatewayFactory, needs_fuse
 
 # Lines whose status depends on the machine, not on what the test set up.
@@ -271,7 +271,7 @@ def test_an_older_gateway_is_named_and_its_status_still_checked() -> None:
     """A daemon from before doctor could ask it (no ``config``): one FAIL that says to
     restart it, and what its status says."""
     from ckptgw.gateway.client import Mount
-    from ckptgw.gateway.doctorlive import checks
+    from ckptgw.gateway.doctor.live import checks
     from ckptgw.gateway.errors import UserError
     from ckptgw.gateway.registry import Entry
 
@@ -289,7 +289,7 @@ def test_an_older_gateway_is_named_and_its_status_still_checked() -> None:
 
 def test_status_problems_are_named_and_a_healthy_drain_is_one_line() -> None:
     """The deterministic tier of the live checks: a status as the daemon writes it."""
-    from ckptgw.gateway.doctorlive import status_checks
+    from ckptgw.gateway.doctor.live import status_checks
 
     now = 1_000_000.0
     healthy = _healthy()

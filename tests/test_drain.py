@@ -262,7 +262,7 @@ def test_a_part_worker_killed_mid_upload_loses_nothing(drain: Callable[..., Drai
     assert f"part worker {worker} ended (killed by signal 9)" in log
     [replacement] = part_workers_of(daemon)
     status = d.gw.status()
-    schema = resources.files("gateway").joinpath("status.schema.json").read_text()
+    schema = resources.files("gateway.daemon").joinpath("status.schema.json").read_text()
     jsonschema.validate(status, json.loads(schema))
     pool = status["part_workers"]  # each of the 4 parts answered once, in the end
     assert pool == {"configured": 1, "running": 1, "replaced": 1, "parts": 4, "in_use": True}

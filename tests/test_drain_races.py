@@ -26,7 +26,7 @@ from ckptgw.drain.reads.entries import Entries
 from ckptgw.drain.reads.fetch import FetchConfig, Fetcher
 from ckptgw.drain.reads.listing import ListingConfig, Listings
 from ckptgw.drain.uploads.engine import DrainConfig, DrainEngine
-from ckptgw.drain.uploads.scheduler import Hold, Scheduler
+from ckptgw.drain.uploads.scheduler import Hold, ScheduleConfig, Scheduler
 from ckptgw.drain.uploads.upload import META_CHECKSUM, UploadConfig
 from ckptgw.fsops.contentsum import Hasher, parts_checksum
 from ckptgw.fsops.filesystem import Filesystem, FsOptions
@@ -149,20 +149,19 @@ async def node(
 ) -> AsyncIterator[Node]:
     store = store_cls(tmp_path / "store", *gated)
     await store.check()
-    scheduler = Scheduler(DrainConfig().schedule())
+    scheduler = Scheduler(ScheduleConfig())
     cache = tmp_path / "cache"
     cache.mkdir(exist_ok=True)
     fs = Filesystem(cache, FsOptions(store_url=store.url, reserve_bytes=0), scheduler)
     config = DrainConfig(
-        settle=0.01,
         upload=UploadConfig(multipart_threshold=5 * MiB, part_size=5 * MiB),
         **drain,
     )
-    scheduler.config = config.schedule()
+    scheduler.config = ScheduleConfig(settle=0.01)
     retrying = RetryingStore(store, RetryPolicy(attempts=2, base=0.01), RetryStats())
     engine = DrainEngine(fs, retrying, config, scheduler)
     entries = Entries(fs.parts, retrying)
-    listings = Listings(fs.parts, entries, retrying, ListingConfig(ttl=0))
+    listings = Listings(fs.parts, entries, retrying, ListingConfig(listing_ttl=0))
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(engine.run)
@@ -588,7 +587,7 @@ def test_a_sparse_truncate_charges_nothing_and_a_huge_one_gets_the_disks_efbig(
     async def test() -> None:
         fs = Filesystem(
             tmp_path / "c",
-            FsOptions(store_url="file:///x", reserve_bytes=0, cache_limit=MiB, write_wait=60),
+            FsOptions(store_url="file:///x", reserve_bytes=0, cache_size=MiB, write_wait=60),
         )
         try:
             ino = fs.namespace.create_file(ROOT_INODE, b"sparse", 0o644, ME)
@@ -611,7 +610,7 @@ def test_a_write_larger_than_the_whole_cache_fails_at_once(tmp_path: Path) -> No
     async def test() -> None:
         fs = Filesystem(
             tmp_path,
-            FsOptions(store_url="file:///x", reserve_bytes=0, cache_limit=MiB, write_wait=60),
+            FsOptions(store_url="file:///x", reserve_bytes=0, cache_size=MiB, write_wait=60),
         )
         try:
             ino = fs.namespace.create_file(ROOT_INODE, b"big", 0o644, ME)
@@ -719,7 +718,7 @@ async def reader(
     fs = Filesystem(
         cache,
         FsOptions(store_url=store.url, reserve_bytes=0, **opts),
-        Scheduler(DrainConfig().schedule()),
+        Scheduler(ScheduleConfig()),
     )
     entries = Entries(fs.parts, store)
     listings = Listings(fs.parts, entries, store, ListingConfig())
@@ -741,7 +740,7 @@ def test_a_lookup_does_not_wait_for_room_to_describe_by_fetching(tmp_path: Path)
     async def test() -> None:
         store = Counting(tmp_path / "store", mute=False)
         await store.put("big.bin", big, {CHECKSUM: xxh(big)})
-        async with reader(tmp_path, store, cache_limit=4 * MiB, write_wait=60) as node:
+        async with reader(tmp_path, store, cache_size=4 * MiB, write_wait=60) as node:
             fs, entries, listings, fetcher = node
             await listings.refresh(fs.table.get(ROOT_INODE))
             ino = fs.table.lookup(ROOT_INODE, b"big.bin")

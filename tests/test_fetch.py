@@ -30,9 +30,9 @@ def test_the_range_size_adapts_to_the_object(size: int, expected: int) -> None:
 
 
 def test_a_fixed_or_bounded_range_size_is_honoured() -> None:
-    assert range_size(1 << 30, FetchConfig(chunk=MiB)) == MiB
-    assert range_size(1 << 30, FetchConfig(chunk_max=64 * MiB)) == 64 * MiB
-    assert range_size(1 << 30, FetchConfig(parallel=32)) == 32 * MiB
+    assert range_size(1 << 30, FetchConfig(fetch_chunk=MiB)) == MiB
+    assert range_size(1 << 30, FetchConfig(fetch_chunk_max=64 * MiB)) == 64 * MiB
+    assert range_size(1 << 30, FetchConfig(fetch_parallel=32)) == 32 * MiB
 
 
 def test_a_freed_slot_goes_to_the_most_urgent_waiter_asked_when_it_frees() -> None:

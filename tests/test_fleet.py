@@ -26,7 +26,7 @@ from tests.test_readthrough import write_toml
 
 pytestmark = [pytest.mark.mount, needs_fuse, any_data_path]
 
-SCHEMA = json.loads(resources.files("gateway").joinpath("status.schema.json").read_text())
+SCHEMA = json.loads(resources.files("gateway.daemon").joinpath("status.schema.json").read_text())
 
 
 def content(rank: int, n: int) -> bytes:

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 
 from ckptgw.gateway.errors import UserError
-from ckptgw.gateway.nfsexport import (
+from ckptgw.gateway.nfs.export import (
     Export,
     _address,
     ganesha_conf,
     load_export,
     who_may_write,
 )
-from ckptgw.gateway.nfsserve import ganesha_errors, read_state, state_dir
+from ckptgw.gateway.nfs.serve import ganesha_errors, read_state, state_dir
 from tests.conftest import CheckedGateway, GatewayFactory, any_data_path
 from tests.nfsclient import (
     NetNs,

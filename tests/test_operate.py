@@ -35,7 +35,7 @@ from tests.test_readthrough import write_toml
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 
-SCHEMA = json.loads(resources.files("gateway").joinpath("status.schema.json").read_text())
+SCHEMA = json.loads(resources.files("gateway.daemon").joinpath("status.schema.json").read_text())
 SLOW: dict[str, object] = {
     "settle": 600.0
 }  # nothing drains by itself during a test: only flush, wait, signals

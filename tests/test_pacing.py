@@ -119,7 +119,7 @@ def test_idle_time_does_not_grow_the_rate_and_it_never_falls_below_the_floor() -
 
 def test_a_pace_that_does_not_adapt_never_waits_but_counts() -> None:
     async def main() -> None:
-        p = pace(adaptive=False)
+        p = pace(adaptive_rate=False)
         for _ in range(5):
             p.refusal(await p.turn())
         assert p.rate is None and p.refused == 5 and p.view()["cuts"] == 0
@@ -206,7 +206,7 @@ def _fleet(gateways: int, files: int, rate: float, *, adaptive: bool) -> tuple[f
 
     async def main() -> None:
         seeds = random.Random(1)
-        config = PacingConfig(adaptive=adaptive)
+        config = PacingConfig(adaptive_rate=adaptive)
         paces = [Pace("writes", config, rng=random.Random(seeds.random())) for _ in range(gateways)]
         async with trio.open_nursery() as n:
             for p in paces:

@@ -50,8 +50,9 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
         entry_points = z.read(f"{dist}/entry_points.txt").decode()
     assert tops == {"ckptgw"}, tops
     for module in (
-        "gateway/cli.py",
-        "gateway/status.schema.json",
+        "gateway/cli/main.py",
+        "gateway/daemon/status.schema.json",
+        "gateway/cli/__main__.py",
         "fsops/state.py",
         "fsops/journal/rows.py",
         "drain/uploads/engine.py",
@@ -67,7 +68,7 @@ def test_wheel_has_one_top_level_name(wheel: Path) -> None:
         for p in (ROOT / folder).rglob("*.py")
     } | {str(p.relative_to(ROOT)) for p in (ROOT / "ckptgw/store").glob("*.py")}
     assert here <= set(names), here - set(names)
-    assert "ckptgw = ckptgw.gateway.cli:main" in entry_points
+    assert "ckptgw = ckptgw.gateway.cli.main:main" in entry_points
 
 
 def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
@@ -94,8 +95,8 @@ def test_installed_wheel_runs_outside_the_checkout(wheel: Path, tmp_path: Path) 
         [
             sys.executable,
             "-c",
-            "import ckptgw.gateway.cli, ckptgw.drain.uploads.engine, ckptgw.store.s3; "
-            "print(ckptgw.gateway.cli.__file__); print(ckptgw.drain.uploads.engine.__file__); "
+            "import ckptgw.gateway.cli.main, ckptgw.drain.uploads.engine, ckptgw.store.s3; "
+            "print(ckptgw.gateway.cli.main.__file__); print(ckptgw.drain.uploads.engine.__file__); "
             "print(ckptgw.store.s3.__file__)",
         ],
         cwd=tmp_path,

@@ -24,11 +24,11 @@ import trio.testing
 
 from ckptgw.fsops.signal import Signal
 from ckptgw.gateway import client
+from ckptgw.gateway.cli.progressbar import ProgressBar
 from ckptgw.gateway.client import Mount, mount_of, wait_durable
+from ckptgw.gateway.daemon.status import RECHECK, SPACING, Reporter
 from ckptgw.gateway.errors import UserError
-from ckptgw.gateway.progressbar import ProgressBar
 from ckptgw.gateway.render import entries, files, retries_text, status_text
-from ckptgw.gateway.status import RECHECK, SPACING, Reporter
 from ckptgw.store.faultproxy import Fault
 from tests.conftest import GatewayFactory, needs_fuse
 from tests.s3server import free_port

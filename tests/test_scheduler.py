@@ -365,13 +365,13 @@ def test_small_files_have_a_lane_of_their_own() -> None:
         await trio.sleep(1)
         running = set(s.uploading())
         assert len(running & {1, 2, 3}) == 2  # max_files
-        assert len(running - {1, 2, 3}) == 5  # max_small
+        assert len(running - {1, 2, 3}) == 5  # max_small_files
         small = next(i for i in running if i >= 10)
         w.release(small)
         await trio.sleep(0.1)
         assert len(set(s.uploading()) - {1, 2, 3}) == 5 and len(w.started) == 8
 
-    run(test, max_files=2, max_small=5)
+    run(test, max_files=2, max_small_files=5)
 
 
 def test_a_full_lane_does_not_make_every_due_file_looked_at_again() -> None:
@@ -396,7 +396,7 @@ def test_a_full_lane_does_not_make_every_due_file_looked_at_again() -> None:
         # in the journal, which was 6% of the daemon's CPU in a drain of 513 files).
         assert w.keys - keys == 20, w.keys - keys
 
-    run(test, max_files=2, max_small=4)
+    run(test, max_files=2, max_small_files=4)
 
 
 def test_due_files_wait_for_a_save_in_progress_but_not_forever() -> None:

@@ -311,7 +311,7 @@ def check(choose: Callable[[list[Step]], Step | None]) -> None:
     clock = trio.testing.MockClock()
 
     async def main() -> None:
-        s = Scheduler(ScheduleConfig(settle=0.2, max_files=2, max_small=0))
+        s = Scheduler(ScheduleConfig(settle=0.2, max_files=2, max_small_files=0))
         w = ModelWorker(s)
         async with trio.open_nursery() as nursery:
             await nursery.start(s.run, w)

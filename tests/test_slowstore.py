@@ -2,7 +2,7 @@
 drain/reads/lookupwait.py).
 
 The filesystem's operations are called directly (no mount) on a node wired as the daemon
-wires it (``gateway.daemon._read_through``), over a file store whose listings and HEADs can
+wires it (``gateway.daemon.main._read_through``), over a file store whose listings and HEADs can
 be held at a gate. Time is trio's MockClock, moved by hand: what is asserted is exactly when
 a lookup answers, in the clock's time. The same on a real mount, against S3 behind a proxy
 that holds the LIST requests: tests/test_readthrough.py.
@@ -34,7 +34,7 @@ from ckptgw.fsops.filesystem import Filesystem, FsOptions
 from ckptgw.fsops.journal.rows import ROOT_INODE
 from ckptgw.fsops.operations import Operations
 from ckptgw.gateway.config import Config
-from ckptgw.gateway.daemon import _read_through
+from ckptgw.gateway.daemon.main import _read_through
 from ckptgw.store.interface import Listing, ObjectInfo, StoreError
 from ckptgw.store.retry import RetryingStore, RetryPolicy, RetryStats
 from ckptgw.store.url import parse_store_url

@@ -1,6 +1,7 @@
-"""``ckptgw status`` of drained files counted per directory (gateway.status.Reporter.summary):
-its checkpoint rows say what a walk of the mount says, at the first status and after changes
-(only the directories changed are counted again), and the recognizer's name prefixes."""
+"""``ckptgw status`` of drained files counted per directory
+(gateway.daemon.status.Reporter.summary): its checkpoint rows say what a walk of the mount says,
+at the first status and after changes (only the directories changed are counted again), and the
+recognizer's name prefixes."""
 
 from __future__ import annotations
 

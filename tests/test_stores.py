@@ -511,7 +511,10 @@ def test_every_body_carries_its_crc32_and_a_damaged_part_goes_again(
 
 def test_a_stall_beyond_the_read_timeout_is_retried(s3_endpoint: str, bucket: str) -> None:
     async def go() -> None:
-        async with proxied(s3_endpoint, bucket, Deadlines(first_byte=0.5)) as (store, proxy):
+        async with proxied(s3_endpoint, bucket, Deadlines(first_byte_timeout=0.5)) as (
+            store,
+            proxy,
+        ):
             proxy.add(Fault("stall", "PUT", "/stalled", count=1, seconds=2))
             stats = RetryStats()
             await retrying("put", lambda: store.put("stalled", b"x" * 1000, {}), FAST, stats)

@@ -7,17 +7,17 @@ socket for ever. So each request (each attempt) has a :class:`RequestWatch`, and
 the client's asyncio loop (:class:`Watchdog`) holds it to :class:`Deadlines`:
 
 * until the request is sent (signing, a connection, its head) and then until the first byte
-  of the answer: ``first_byte`` seconds (ten times that, :data:`SLOW_ANSWER`, for the calls
+  of the answer: ``first_byte_timeout`` seconds (ten times that, :data:`SLOW_ANSWER`, for the calls
   that make the store work on a whole object first: CompleteMultipartUpload and copies);
-* while bytes move, either way: ``stall`` seconds without one of them moving;
+* while bytes move, either way: ``stall_timeout`` seconds without one of them moving;
 * a request sent with ``Expect: 100-continue``: ``continue_wait`` seconds for the 100, after
   which the store (:class:`ckptgw.store.s3.S3Store`) stops asking that endpoint for it.
 
-Past ``warning`` seconds without progress a request is *stalled*: said once in the log (the
+Past ``stall_warning`` seconds without progress a request is *stalled*: said once in the log (the
 store's ``on_stall``), and listed by ``ckptgw status`` and the metrics until it moves again;
 past its deadline the attempt is cancelled and fails with a temporary StoreError (code
 :data:`STALLED` or :data:`TIMEOUT`), which :mod:`ckptgw.store.retry` retries like any transport
-error. The TCP connect itself is aiohttp's (``connect``, its ``sock_connect``).
+error. The TCP connect itself is aiohttp's (``connect_timeout``, its ``sock_connect``).
 
 What it costs: a watch is written only on the asyncio thread, by plain attribute stores (a
 body's progress is a time and a byte count per 1 MiB chunk, no call across threads). One
@@ -51,11 +51,11 @@ CONTINUE = "waiting for 100 Continue"  # the head went with Expect: 100-continue
 SENDING = "sending"  # the body
 ANSWER = "waiting for the answer"  # all of it sent
 RECEIVING = "receiving"  # the body of the answer (GETs)
-MOVING = (SENDING, RECEIVING)  # the phases where bytes move: ``stall`` applies
+MOVING = (SENDING, RECEIVING)  # the phases where bytes move: ``stall_timeout`` applies
 
 # Error codes of the attempts the watchdog cancels (temporary StoreErrors).
-STALLED = "Stalled"  # no byte moved for ``stall`` seconds
-TIMEOUT = "Timeout"  # no answer within ``first_byte`` seconds
+STALLED = "Stalled"  # no byte moved for ``stall_timeout`` seconds
+TIMEOUT = "Timeout"  # no answer within ``first_byte_timeout`` seconds
 NO_CONTINUE = "NoContinue"  # no 100 Continue: the store sends it again without Expect
 
 #: The store check (a HEAD of the bucket, before a mount) waits at most this many seconds
@@ -64,7 +64,7 @@ CHECK_ANSWER = 10.0
 
 #: The calls whose answer comes after the store has worked on the whole object
 #: (CompleteMultipartUpload, CopyObject, UploadPartCopy: S3 says minutes for the largest)
-#: wait this many times ``first_byte`` for it, and warn this many times later.
+#: wait this many times ``first_byte_timeout`` for it, and warn this many times later.
 SLOW_ANSWER = 10
 
 #: Seconds between two looks of the sweeper at the requests in flight: how late a deadline
@@ -76,16 +76,16 @@ TICK = 0.1
 class Deadlines:
     """Seconds; the defaults are the settings table's (``store.*_timeout``)."""
 
-    connect: float = 10.0  # a TCP (and TLS) connection
-    first_byte: float = 30.0  # the request sent: the first byte of the answer
-    stall: float = 30.0  # no byte moved while a body is sent or received
-    warning: float = 10.0  # no progress this long: stalled (a warning; status lists it)
+    connect_timeout: float = 10.0  # a TCP (and TLS) connection
+    first_byte_timeout: float = 30.0  # the request sent: the first byte of the answer
+    stall_timeout: float = 30.0  # no byte moved while a body is sent or received
+    stall_warning: float = 10.0  # no progress this long: stalled (a warning; status lists it)
     continue_wait: float = 1.0  # Expect: 100-continue unanswered this long: not spoken here
 
     @property
     def read_timeout(self) -> float:
         """aiohttp's own read timeout: a backstop behind the watchdog, never before it."""
-        return max(self.first_byte * SLOW_ANSWER, self.stall) + self.connect
+        return max(self.first_byte_timeout * SLOW_ANSWER, self.stall_timeout) + self.connect_timeout
 
     def message(self) -> dict[str, float]:
         """For a part worker's opening message."""
@@ -202,7 +202,7 @@ class RequestWatch:
 def limits(watch: RequestWatch, d: Deadlines) -> tuple[float, float]:
     """Seconds without progress in the watch's phase before it is stalled, and before it is
     cancelled."""
-    limit = d.stall if watch.phase in MOVING else watch.answer
+    limit = d.stall_timeout if watch.phase in MOVING else watch.answer
     return min(watch.warn, limit), limit
 
 
@@ -285,8 +285,8 @@ class Watchdog:
             what,
             key,
             size=size,
-            answer=(d.first_byte * scale) if answer is None else answer,
-            warn=d.warning * scale,
+            answer=(d.first_byte_timeout * scale) if answer is None else answer,
+            warn=d.stall_warning * scale,
             now=now,
         )
 

@@ -70,7 +70,7 @@ WRITE = "writes"
 
 @dataclass(frozen=True)
 class PacingConfig:
-    adaptive: bool = True  # False: never limit (refusals are still counted)
+    adaptive_rate: bool = True  # False: never limit (refusals are still counted)
     min_rate: float = 0.5  # requests per second, per kind
 
 
@@ -161,7 +161,7 @@ class Pace:
         self.refused += 1
         self._refused.append(now)
         self._trim(now)
-        if not self.config.adaptive or ticket <= self._last_cut:
+        if not self.config.adaptive_rate or ticket <= self._last_cut:
             return
         # The first cut starts from what this gateway sent in the last WINDOW (a burst, all
         # at once); later ones from the rate.
@@ -221,7 +221,7 @@ class Pacing:
 
     def view(self) -> dict[str, Any]:
         return {
-            "adaptive": self.config.adaptive,
+            "adaptive": self.config.adaptive_rate,
             READ: self.reads.view(),
             WRITE: self.writes.view(),
         }

@@ -153,7 +153,7 @@ def _answered(pace: Pace, ticket: float, e: StoreError) -> bool:
     of the rate."""
     if e.code in THROTTLED:
         pace.refusal(ticket)
-        return pace.config.adaptive
+        return pace.config.adaptive_rate
     if not e.temporary:
         pace.accepted()
     return False

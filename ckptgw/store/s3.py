@@ -15,8 +15,8 @@ the measurements are in docs/benchmarks.md).
   a retry of a failure.
 * Every request is held to :class:`ckptgw.store.deadlines.Deadlines` by the store's
   :class:`ckptgw.store.deadlines.Watchdog` on the asyncio loop; an attempt past one fails with
-  a temporary StoreError (``Stalled``, ``Timeout``), and one idle past ``Deadlines.warning`` is
-  logged once and listed by :meth:`S3Store.requests_view`.
+  a temporary StoreError (``Stalled``, ``Timeout``), and one idle past
+  ``Deadlines.stall_warning`` is logged once and listed by :meth:`S3Store.requests_view`.
 * Retries happen in one place, :mod:`ckptgw.store.retry`: botocore's are off (one attempt per
   call), and so is aiohttp's own resend on a closed kept-alive connection
   (:class:`ckptgw.store.s3http.Session`), which would be neither counted nor logged.
@@ -256,7 +256,7 @@ class S3Store(Store):
             retries={"total_max_attempts": 1, "mode": "standard"},
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
-            connect_timeout=deadlines.connect,
+            connect_timeout=deadlines.connect_timeout,
             # a backstop only: the watchdog (ckptgw.store.deadlines) holds each request to its
             # phase's deadline first
             read_timeout=deadlines.read_timeout,
@@ -336,10 +336,10 @@ class S3Store(Store):
             "expect_continue": self.expect_continue,
             "no_continue": self.no_continue,
             "deadlines": {
-                "connect": d.connect,
-                "first_byte": d.first_byte,
-                "stall": d.stall,
-                "warning": d.warning,
+                "connect": d.connect_timeout,
+                "first_byte": d.first_byte_timeout,
+                "stall": d.stall_timeout,
+                "warning": d.stall_warning,
             },
             "in_flight": len(requests),
             "stalled": sum(v["stalled"] for v in requests),
@@ -422,7 +422,7 @@ class S3Store(Store):
 
     async def check(self) -> None:
         what = f"checking bucket {self.bucket}"
-        answer = min(self.watchdog.deadlines.first_byte, CHECK_ANSWER)
+        answer = min(self.watchdog.deadlines.first_byte_timeout, CHECK_ANSWER)
         try:
             await self._call(what, "head_bucket", answer=answer)
         except NotFound:  # HEAD has no body: a bare 404 is all S3 says

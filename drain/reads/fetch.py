@@ -66,20 +66,20 @@ WAITED, OPEN, PREFETCH = 0, 1, 2
 
 @dataclass(frozen=True)
 class FetchConfig:
-    chunk: int | None = None  # fixed range size; None: adapt to each object (range_size)
-    chunk_max: int = 256 << 20
-    parallel: int = 8  # ranged GETs in flight, over all files
+    fetch_chunk: int | None = None  # fixed range size; None: adapt to each object (range_size)
+    fetch_chunk_max: int = 256 << 20
+    fetch_parallel: int = 8  # ranged GETs in flight, over all files
     failed_for: float = 5.0  # a failed fetch answers reads with its error this long
 
 
 def range_size(size: int, config: FetchConfig) -> int:
-    """The ranged GET size for an object of ``size`` bytes: ``config.chunk`` if set, else
-    about ``size / parallel`` (whole MiB), at least 8 MiB and at most ``chunk_max``."""
-    if config.chunk is not None:
-        return config.chunk
-    each = -(-size // config.parallel)
+    """The ranged GET size for an object of ``size`` bytes: ``config.fetch_chunk`` if set, else
+    about ``size / fetch_parallel`` (whole MiB), at least 8 MiB and at most ``fetch_chunk_max``."""
+    if config.fetch_chunk is not None:
+        return config.fetch_chunk
+    each = -(-size // config.fetch_parallel)
     each = -(-each // (1 << 20)) * (1 << 20)
-    return max(MIN_RANGE, min(config.chunk_max, each))
+    return max(MIN_RANGE, min(config.fetch_chunk_max, each))
 
 
 @dataclass
@@ -240,7 +240,7 @@ class Fetcher(OnParts):
         self.config = config
         self.stats = FetchStats()
         self._active: dict[int, _Fetch] = {}
-        self.slots = Slots(config.parallel)
+        self.slots = Slots(config.fetch_parallel)
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -368,7 +368,7 @@ class Fetcher(OnParts):
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._hash, f)
-                for _ in range(min(self.config.parallel, f.count)):
+                for _ in range(min(self.config.fetch_parallel, f.count)):
                     nursery.start_soon(self._worker, f)
             if f.error is None and (not f.described.is_set() or f.ask_checksum):
                 await self._head(f)  # the store's GETs said nothing of the object, or not all

@@ -79,7 +79,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ListingConfig:
-    ttl: float = 5.0
+    listing_ttl: float = 5.0
     heads: int = 16  # metadata reads (HEADs) in flight during one listing
     describe: int = 1000  # entries described at once before a readdir; others: at lookup
 
@@ -119,7 +119,7 @@ class Listings(OnParts):
         last = self._tried.get(d.id)
         if last is None or self._failing or d.id in self._inflight:
             return 0.0
-        return max(0.0, self.config.ttl - (trio.current_time() - last))
+        return max(0.0, self.config.listing_ttl - (trio.current_time() - last))
 
     def has_view(self, d: InodeRow) -> bool:
         """Whether the journal may say that a name ``d`` lacks is not there, without asking
@@ -152,7 +152,7 @@ class Listings(OnParts):
         job = self._inflight.get(d.id)
         if job is None:
             last = self._tried.get(d.id)
-            if last is not None and trio.current_time() - last < self.config.ttl:
+            if last is not None and trio.current_time() - last < self.config.listing_ttl:
                 return
             prefix = self._prefix(d)
             job = await self.waits.start(

@@ -313,7 +313,7 @@ class Prefetcher(OnParts):
         described needs no HEAD first: its first GET's response describes it
         (:meth:`drain.reads.fetch.Fetcher.described`), and a GET pinned to the listed ETag fails
         as an open would if the object is gone or was rewritten."""
-        fetches = trio.CapacityLimiter(2 * self.fetcher.config.parallel)
+        fetches = trio.CapacityLimiter(2 * self.fetcher.config.fetch_parallel)
 
         async def fetch(ino: Inode, rel: str, slot: object) -> None:
             try:

@@ -22,7 +22,7 @@ import trio
 
 from ckptgw.drain.checkpoints import DRAINING, DURABLE, LOCAL
 from ckptgw.drain.uploads.progress import DrainStats, UploadProgress
-from ckptgw.drain.uploads.scheduler import Hold, Ready, ScheduleConfig, Scheduler
+from ckptgw.drain.uploads.scheduler import Hold, Ready, Scheduler
 from ckptgw.drain.uploads.storeops import StoreOps
 from ckptgw.drain.uploads.upload import Changed, UploadConfig, Uploader
 from ckptgw.fsops.filesystem import Filesystem
@@ -37,24 +37,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DrainConfig:
-    settle: float = 0.2
-    max_files: int = 4
-    max_small_files: int = 16
-    yield_to_saves: float = 0.0
+    """What the engine takes of the settings; the scheduler's are its own (ScheduleConfig)."""
+
     max_parts: int = 8
-    permanent_retry: float = 60.0
     orphan_age: float = 86400.0  # abort unknown multipart uploads older than this
     upload: UploadConfig = field(default_factory=UploadConfig)
-
-    def schedule(self) -> ScheduleConfig:
-        return ScheduleConfig(
-            settle=self.settle,
-            max_files=self.max_files,
-            emergency_files=self.max_parts,
-            permanent_retry=self.permanent_retry,
-            max_small=self.max_small_files,
-            yield_to_saves=self.yield_to_saves,
-        )
 
 
 class DrainEngine(OnParts):

@@ -71,7 +71,7 @@ class ScheduleConfig:
     max_files: int = 4
     emergency_files: int = 8  # uploads at once during the emergency drain
     permanent_retry: float = 60.0
-    max_small: int = 16  # small files (<= SMALL_FILE) uploading at once, besides max_files
+    max_small_files: int = 16  # small files (<= SMALL_FILE) uploading at once, besides max_files
     # While files keep being finished less than ``settle`` apart (a sharded save), due files
     # wait, each for at most this many seconds (0: never): the save keeps the cores.
     yield_to_saves: float = 0.0
@@ -363,12 +363,12 @@ class Scheduler:
         return inode not in self._urgent, -mtime
 
     def _start_due(self, nursery: trio.Nursery, worker: Worker) -> None:
-        max_files, max_small = self.config.max_files, self.config.max_small
+        max_files, max_small_files = self.config.max_files, self.config.max_small_files
         big = len(self._running) - self._small
         if self.emergency is not None:  # one lane, newest first: the order is kept
-            max_files, max_small = max(max_files, self.config.emergency_files), 0
+            max_files, max_small_files = max(max_files, self.config.emergency_files), 0
             big = len(self._running)
-        if big >= max_files and self._small >= max_small:
+        if big >= max_files and self._small >= max_small_files:
             return
         now = trio.current_time()
         self._hold_until = -math.inf
@@ -377,7 +377,7 @@ class Scheduler:
         later: list[tuple[bool, float, int, int]] = []  # not started now: back in the queue
         passed = 0  # due files passed over because their lane is full
         for inode in self._candidates(worker, now, later):
-            if (big >= max_files and self._small >= max_small) or passed > SCAN:
+            if (big >= max_files and self._small >= max_small_files) or passed > SCAN:
                 break
             if inode in self._running:
                 continue  # written again during its upload: after it ends
@@ -391,7 +391,7 @@ class Scheduler:
             if not isinstance(look, Ready):
                 continue  # syncing: the end of the fsync reports it again
             small = look.size <= SMALL_FILE and self.emergency is None
-            if (big >= max_files, self._small >= max_small)[small]:
+            if (big >= max_files, self._small >= max_small_files)[small]:
                 passed += 1
                 continue
             if pending is None:

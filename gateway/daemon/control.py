@@ -13,7 +13,7 @@ way (a request is at most 1 MiB)::
     <- {"version": 1, "ok": false, "error": "one line"}
 
 This module only frames, checks the version and dispatches; the operations are the handlers the
-daemon passes in (``gateway.daemon.control_handlers``): ``status``; ``pending`` and ``flush``
+daemon passes in (``gateway.daemon.main.control_handlers``): ``status``; ``pending`` and ``flush``
 with ``paths`` (relative to the mount's root; none means all of it), and ``pending`` with
 ``wait`` (seconds, at most 60: answered once nothing is pending or when the wait is up, with
 ``waited``; a daemon without it answers at once); ``pin`` with ``path`` and ``pin`` (false:

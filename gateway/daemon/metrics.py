@@ -22,7 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from ckptgw.gateway.status import Reporter
+from ckptgw.gateway.daemon.status import Reporter
 
 log = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ckptgw import __version__
 from ckptgw.gateway import registry
+from ckptgw.gateway.cli.progressbar import ProgressBar
 from ckptgw.gateway.client import (
     Mount,
     NotDurable,
@@ -30,7 +31,6 @@ from ckptgw.gateway.client import (
 )
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import FSTYPE, mounted_fstype, unmount
-from ckptgw.gateway.progressbar import ProgressBar
 from ckptgw.gateway.protocol import READY_FD_ENV
 from ckptgw.gateway.render import (
     Painter,
@@ -305,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "cache":
             return cmd_cache(args)
         if args.command == "completion":
-            from ckptgw.gateway import completion
+            from ckptgw.gateway.cli import completion
 
             print(getattr(completion, args.shell)(_parser()), end="")
             return 0
@@ -334,7 +334,7 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
         foreground=args.foreground,
     )
     if args.foreground:
-        from ckptgw.gateway.daemon import run
+        from ckptgw.gateway.daemon.main import run
 
         return run(cfg)
     code = _start_in_background(argv, f"the gateway for {cfg.mountpoint}")
@@ -415,7 +415,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
                 "and keeps them in the cache for the next mount)"
             )
     if entry is not None:
-        from ckptgw.gateway import nfsserve
+        from ckptgw.gateway.nfs import serve as nfsserve
 
         if nfsserve.stop(Path(entry.cache_dir)):  # Ganesha holds the mount's root open
             print(f"stopped the NFS export of {mp}", file=sys.stderr)
@@ -612,7 +612,7 @@ def cmd_pins(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from ckptgw.gateway.rebind import describe, rebind_cache  # the journal and store modules
+    from ckptgw.gateway.cli.rebind import describe, rebind_cache  # the journal and store modules
 
     cache_dir = Path(os.path.abspath(args.cache_dir))
     endpoint = args.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
@@ -660,8 +660,8 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
-    from ckptgw.gateway import nfsserve
-    from ckptgw.gateway.nfsexport import host_problem, load_export, who_may_write
+    from ckptgw.gateway.nfs import serve as nfsserve
+    from ckptgw.gateway.nfs.export import host_problem, load_export, who_may_write
 
     mp = Path(os.path.abspath(args.mountpoint))
     entry = registry.find(mp)
@@ -709,10 +709,6 @@ def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ckptgw.gateway.doctor import run  # loads the drain and botocore: only for doctor
+    from ckptgw.gateway.doctor.main import run  # loads the drain and botocore: only for doctor
 
     return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

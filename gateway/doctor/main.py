@@ -1,13 +1,13 @@
 """``ckptgw doctor``: check what a mount needs and say what is wrong, one line per check.
 
 On a running gateway's mountpoint it checks that mount, as its daemon runs it
-(:mod:`gateway.doctorlive`), and the flags that choose a store or a cache are refused: they
+(:mod:`gateway.doctor.live`), and the flags that choose a store or a cache are refused: they
 would check something else than what runs. Otherwise the configuration is resolved as ``mount``
 resolves it (:func:`gateway.config.load_config`), then this machine is checked
-(:mod:`gateway.hostcheck`: FUSE, passthrough, the cache disk, the mountpoint) and then the store
-(:mod:`gateway.storeprobe`). A config file that does not load is one failed line, and the rest
-is checked with the flags and defaults alone. Exit code 0 when no check failed (warnings and
-information do not fail), 1 otherwise."""
+(:mod:`gateway.doctor.hostcheck`: FUSE, passthrough, the cache disk, the mountpoint) and then the
+store (:mod:`gateway.doctor.storeprobe`). A config file that does not load is one failed line, and
+the rest is checked with the flags and defaults alone. Exit code 0 when no check failed (warnings
+and information do not fail), 1 otherwise."""
 
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ from typing import Any
 from ckptgw.gateway import registry
 from ckptgw.gateway.client import Mount, mount_at
 from ckptgw.gateway.config import Config, load_config
-from ckptgw.gateway.errors import UserError
-from ckptgw.gateway.hostcheck import (
+from ckptgw.gateway.doctor.hostcheck import (
     FAIL,
     OK,
     Check,
@@ -32,6 +31,7 @@ from ckptgw.gateway.hostcheck import (
     mountpoint_check,
     passthrough_check,
 )
+from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import FSTYPE, is_stale, mounted_fstype
 
 # Without a MOUNTPOINT, the defaults that depend on one (the cache dir) are those of this one.
@@ -71,7 +71,7 @@ def checks(mountpoint: str | None, config_file: str | None = None, **flags: Any)
     if mountpoint is not None:
         yield mountpoint_check(Path(os.path.abspath(mountpoint)))
     if cfg is not None:
-        from ckptgw.gateway.storeprobe import store_checks  # botocore: only now
+        from ckptgw.gateway.doctor.storeprobe import store_checks  # botocore: only now
 
         yield from store_checks(cfg)
 
@@ -116,9 +116,9 @@ def run(args: argparse.Namespace) -> int:
             raise
         return report(iter([Check("gateway", FAIL, str(e))]), True)  # --json: still a list
     if mount is not None:
-        from ckptgw.gateway import doctorlive
+        from ckptgw.gateway.doctor import live
 
-        return report(doctorlive.checks(mount), args.json)
+        return report(live.checks(mount), args.json)
     return report(
         checks(
             args.mountpoint,

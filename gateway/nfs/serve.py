@@ -7,7 +7,7 @@ recovery records, its own log and ``serve.json``, the state that ``ckptgw status
 - Ganesha exits on its own: started again after 1, 2, 4 ... 30 s; the restarts are counted.
 - The gateway's daemon dies (its pid is gone): Ganesha is stopped, and started again once the
   gateway is mounted again (a new daemon pid). Clients' file handles then work only if the new
-  mount got the old one's device number (see gateway/nfsexport.py).
+  mount got the old one's device number (see gateway/nfs/export.py).
 - The gateway is unmounted cleanly: the export ends, the supervisor exits.
 - SIGTERM or SIGINT (``serve nfs --stop``, ``ckptgw umount``, systemd): Ganesha is stopped
   (SIGTERM, then SIGKILL after 10 s) and the supervisor exits. Ganesha is started with a
@@ -30,7 +30,7 @@ from typing import Any
 from ckptgw.gateway import registry
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import FSTYPE, mounted_fstype
-from ckptgw.gateway.nfsexport import Export, connected_clients, ganesha_binary, ganesha_conf
+from ckptgw.gateway.nfs.export import Export, connected_clients, ganesha_binary, ganesha_conf
 from ckptgw.gateway.protocol import Readiness
 
 log = logging.getLogger(__name__)

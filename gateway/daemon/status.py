@@ -29,8 +29,8 @@ from ckptgw.drain.uploads.progress import UploadProgress
 from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal.rows import ROOT_INODE, InodeRow, State
 from ckptgw.fsops.storekeys import object_key
-from ckptgw.gateway.checkpointrows import checkpoint_rows
-from ckptgw.gateway.nfsserve import read_state
+from ckptgw.gateway.daemon.checkpointrows import checkpoint_rows
+from ckptgw.gateway.nfs.serve import read_state
 from ckptgw.gateway.protocol import MAX_WAIT
 from ckptgw.store.interface import Store
 
@@ -66,6 +66,9 @@ class Reporter:
         store_local: bool = False,
         log_path: Path | None = None,
         store: Store | None = None,
+        retention: Retention | None = None,
+        prefetcher: Prefetcher | None = None,
+        lookups: LookupWait | None = None,
     ) -> None:
         self.mountpoint = mountpoint
         self.store_url = store_url
@@ -79,10 +82,10 @@ class Reporter:
         self.fetch_stats = fetch_stats
         self.lifecycle = Lifecycle()
         self.recognizer = recognizer or Recognizer()
-        # Pins and the store's checkpoints, as last listed (set by the daemon): status rows.
-        self.retention: Retention | None = None
-        self.prefetcher: Prefetcher | None = None  # set by the daemon: warm-ups in status
-        self.lookups: LookupWait | None = None  # set by the daemon: the lookup deadline
+        # Pins and the store's checkpoints, as last listed: status rows.
+        self.retention = retention
+        self.prefetcher = prefetcher  # warm-ups in status
+        self.lookups = lookups  # the lookup deadline
         self.started = time.time()
         self._next_ask = -math.inf  # (trio time) a waiting ``pending`` asks again from then
         # The durable files, counted per directory (Journal.durable_totals), kept from one

@@ -2,7 +2,7 @@
 
 The daemon is asked over its control socket what it runs with (``config``: the store, the
 endpoint, the cache dir), so nothing is taken from this shell's flags or defaults. Then:
-this machine's checks on that cache dir (:func:`gateway.hostcheck.cache_checks`); the store's
+this machine's checks on that cache dir (:func:`gateway.doctor.hostcheck.cache_checks`); the store's
 checks, made by the daemon itself (``probe_store``: its credentials and endpoint, which this
 shell may not have); and what the daemon's status says is wrong now (stalled requests,
 store errors, lookups waiting on the store, data only local for long, writes refused for
@@ -16,8 +16,8 @@ from typing import Any
 
 from ckptgw.gateway.client import Mount
 from ckptgw.gateway.config import Config
+from ckptgw.gateway.doctor.hostcheck import FAIL, INFO, OK, WARN, Check, cache_checks
 from ckptgw.gateway.errors import UserError
-from ckptgw.gateway.hostcheck import FAIL, INFO, OK, WARN, Check, cache_checks
 from ckptgw.gateway.render import age, files, size, stalled_text
 
 PROBE_ANSWER = 120.0  # seconds the daemon may take for the store's checks (each step: 5 s)

@@ -29,37 +29,36 @@ from typing import Any
 import pyfuse3
 import trio
 
-from ckptgw.drain.checkpoints import Recognizer
+from ckptgw.drain.checkpoints import FileView, Recognizer
 from ckptgw.drain.reads.entries import Entries
-from ckptgw.drain.reads.fetch import FetchConfig, Fetcher
-from ckptgw.drain.reads.listing import ListingConfig, Listings
+from ckptgw.drain.reads.fetch import Fetcher
+from ckptgw.drain.reads.listing import Listings
 from ckptgw.drain.reads.lookupwait import LookupWait
 from ckptgw.drain.reads.prefetch import Prefetcher
 from ckptgw.drain.reads.readthrough import ReadThrough
 from ckptgw.drain.retention.lifecycle import Lifecycle
-from ckptgw.drain.uploads.engine import DrainConfig, DrainEngine
+from ckptgw.drain.uploads.engine import DrainEngine
 from ckptgw.drain.uploads.scheduler import Scheduler
-from ckptgw.drain.uploads.upload import UploadConfig
-from ckptgw.fsops.filesystem import Filesystem, FsOptions
+from ckptgw.fsops.filesystem import Filesystem
 from ckptgw.fsops.journal import JournalError
 from ckptgw.fsops.objectmeta import PART_SIZE
 from ckptgw.gateway import registry
 from ckptgw.gateway.cachedir import CacheDirLock, space_problem
 from ckptgw.gateway.client import entries
 from ckptgw.gateway.config import Config
-from ckptgw.gateway.control import ControlServer, RequestError, socket_path
+from ckptgw.gateway.daemon.control import ControlServer, RequestError, socket_path
+from ckptgw.gateway.daemon.preemption import PreemptionWatcher
+from ckptgw.gateway.daemon.status import PathError, Reporter
 from ckptgw.gateway.errors import UserError
 from ckptgw.gateway.mountpoint import prepare_mountpoint
-from ckptgw.gateway.preemption import PreemptionWatcher, WatchConfig
 from ckptgw.gateway.protocol import Readiness, wait_seconds
-from ckptgw.gateway.status import PathError, Reporter
 from ckptgw.gateway.storecheck import explain, may_come_right
 from ckptgw.gateway.storeplace import local_store, local_store_problem, local_store_warning
 from ckptgw.store.crc import CRC32_IMPL
 from ckptgw.store.deadlines import CHECK_ANSWER
 from ckptgw.store.interface import StoreError
 from ckptgw.store.open import open_store
-from ckptgw.store.pacing import Pacing, PacingConfig
+from ckptgw.store.pacing import Pacing
 from ckptgw.store.retry import RetryingStore, RetryPolicy, RetryStats
 from ckptgw.store.url import without_userinfo
 
@@ -151,22 +150,11 @@ def _run_locked(cfg: Config, ready: Readiness) -> int:
     prepare_mountpoint(cfg.mountpoint)
     # The drain's scheduler is what the filesystem reports to (fsops.events.DrainEvents);
     # it needs nothing to exist, so it comes first.
-    scheduler = Scheduler(drain_config(cfg).schedule())
+    scheduler = Scheduler(cfg.schedule())
     try:
         fs = Filesystem(
             cfg.cache_dir,
-            FsOptions(
-                store_url=str(cfg.store),
-                key_prefix=cfg.store.key_prefix,
-                reserve_bytes=cfg.reserve_bytes,
-                early_writeback=cfg.early_writeback,
-                direct_io=cfg.direct_io,
-                writeback_cache=cfg.writeback_cache,
-                passthrough=cfg.passthrough,
-                attr_timeout=cfg.attr_timeout,
-                cache_limit=cfg.cache_size,
-                write_wait=cfg.write_wait,
-            ),
+            cfg.fs_options(),
             scheduler,
         )
     except JournalError as e:
@@ -253,21 +241,6 @@ class _Mount:
             self.mounted = False
 
 
-def drain_config(cfg: Config) -> DrainConfig:
-    return DrainConfig(
-        settle=cfg.settle,
-        max_files=cfg.max_files,
-        max_small_files=cfg.max_small_files,
-        yield_to_saves=cfg.yield_to_saves,
-        max_parts=cfg.max_parts,
-        permanent_retry=cfg.permanent_retry,
-        upload=UploadConfig(
-            multipart_threshold=max(cfg.multipart_threshold, 5 << 20),
-            part_size=cfg.part_size,
-        ),
-    )
-
-
 async def check_store(
     store: RetryingStore, cfg: Config, ready: Readiness | None = None
 ) -> str | None:
@@ -297,7 +270,7 @@ async def _check_notices(store: RetryingStore, cfg: Config, ready: Readiness | N
     """While the check goes on: what it waits for, every ``CHECK_NOTICE`` seconds."""
     while True:
         await trio.sleep(CHECK_NOTICE)
-        view = store.inner.requests_view() or {}
+        view = store.requests_view() or {}
         where = f" at {view['endpoint']}" if view.get("endpoint") else ""
         doing = ""
         for r in view.get("requests", []):
@@ -359,16 +332,14 @@ async def _read_through(
         fs.parts,
         entries,
         listing_store,
-        ListingConfig(ttl=cfg.listing_ttl),
+        cfg.listing(),
         waits,
     )
     fetcher = Fetcher(
         fs.parts,
         entries,
         store,
-        FetchConfig(
-            chunk=cfg.fetch_chunk, chunk_max=cfg.fetch_chunk_max, parallel=cfg.fetch_parallel
-        ),
+        cfg.fetch(),
     )
     prefetcher = Prefetcher(
         fs.parts,
@@ -484,7 +455,7 @@ def control_handlers(reporter: Reporter, lifecycle: Lifecycle, cfg: Config) -> d
     async def probe_store(r: dict[str, Any]) -> dict[str, Any]:
         """``ckptgw doctor MOUNTPOINT``: the store's checks, made by this daemon (its
         credentials, its endpoint) with a client of their own, not the drain's."""
-        from ckptgw.gateway.storeprobe import probe_store as probe  # botocore: only now
+        from ckptgw.gateway.doctor.storeprobe import probe_store as probe  # botocore: only now
 
         return {"checks": [dataclasses.asdict(c) for c in await probe(cfg)]}
 
@@ -567,7 +538,7 @@ async def _serve(
         trio.open_nursery() as nursery,
     ):
         stats = RetryStats()
-        pacing = Pacing(PacingConfig(adaptive=cfg.adaptive_rate, min_rate=cfg.min_rate))
+        pacing = Pacing(cfg.pacing())
         store = RetryingStore(raw, RetryPolicy(), stats, pacing, part_size_key=PART_SIZE)
 
         async def on_signals(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -594,43 +565,49 @@ async def _serve(
 
         await nursery.start(on_signals)
         warning = await check_store(store, cfg, ready)
-        engine = DrainEngine(fs, store, drain_config(cfg), scheduler, stats)
+        engine = DrainEngine(fs, store, cfg.drain(), scheduler, stats)
         await nursery.start(engine.run)
         fetcher, prefetcher, remote = await nursery.start(_read_through, fs, store, cfg)
         mount.open(fs.operations(remote))
         nursery.start_soon(fs.files.watch)
+        recognizer = Recognizer(cfg.checkpoint_patterns)
+
+        def files_of(path: str) -> list[FileView]:
+            assert reporter is not None  # made below, before the lifecycle runs
+            return [v for _, v in _files_or_none(reporter, path)]
+
+        lifecycle = Lifecycle(
+            fs,
+            store,
+            list(cfg.retention),
+            cfg.bucket_rules,
+            files_of,
+            recognizer,
+            # what status shows of the store is listed again at most this often (Prometheus
+            # scrapes and probes ask for status every few seconds)
+            listing_ttl=max(cfg.listing_ttl, STORE_CHECKPOINTS_TTL),
+        )
         reporter = Reporter(
             cfg.mountpoint,
             str(cfg.store),
             fs,
             engine,
             fetcher.stats,
-            Recognizer(cfg.checkpoint_patterns),
+            recognizer,
             store_local=local_store(cfg.store) is not None,
             log_path=cfg.log_path,
             store=store,  # its requests_view adds the pacing
+            retention=lifecycle,  # status shows its pins and the store's checkpoints
+            prefetcher=prefetcher,
+            lookups=remote.waits,  # lookups answered without a stalled store
         )
-        lifecycle = Lifecycle(
-            fs,
-            store,
-            list(cfg.retention),
-            cfg.bucket_rules,
-            lambda path: [v for _, v in _files_or_none(reporter, path)],
-            reporter.recognizer,
-            # what status shows of the store is listed again at most this often (Prometheus
-            # scrapes and probes ask for status every few seconds)
-            listing_ttl=max(cfg.listing_ttl, STORE_CHECKPOINTS_TTL),
-        )
-        reporter.retention = lifecycle  # status shows its pins and the store's checkpoints
-        reporter.prefetcher = prefetcher
-        reporter.lookups = remote.waits  # lookups answered without a stalled store
         await nursery.start(lifecycle.run)
         handlers = control_handlers(reporter, lifecycle, cfg)
         await nursery.start(ControlServer(mount.control, handlers).run)
         if cfg.lifecycle_interval > 0 and cfg.retention:
             nursery.start_soon(_retention_timer, lifecycle, cfg.lifecycle_interval)
         if cfg.metrics_listen is not None:
-            from ckptgw.gateway.metrics import MetricsServer
+            from ckptgw.gateway.daemon.metrics import MetricsServer
 
             await nursery.start(MetricsServer(reporter, *cfg.metrics_listen).run)
         if cfg.preemption_provider != "off":
@@ -663,12 +640,7 @@ async def _watch_preemption(
         engine.start_emergency(f"preemption notice: {notice}")
 
     watcher = PreemptionWatcher(
-        WatchConfig(
-            cfg.preemption_provider,
-            cfg.preemption_url,
-            cfg.preemption_interval,
-            cfg.preemption_command,
-        ),
+        cfg.preemption(),
         on_notice,
         {"CKPTGW_MOUNTPOINT": str(cfg.mountpoint)},
     )

@@ -2,7 +2,7 @@
 cannot drift from ``--help``: every command and subcommand, its usage line, what it does, its
 arguments and options, its example and the exit codes. ::
 
-    python -m ckptgw.gateway.commandref > docs/commands.md
+    python -m ckptgw.gateway.cli.commandref > docs/commands.md
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from ckptgw.gateway.cli import EXAMPLES, EXIT_CODES, _parser
+from ckptgw.gateway.cli.main import EXAMPLES, EXIT_CODES, _parser
 
 
 def _subcommands(
@@ -99,7 +99,7 @@ def reference() -> str:
         "# Command reference",
         "",
         "<!-- Generated from the CLI's parser by "
-        "`python -m ckptgw.gateway.commandref > docs/commands.md`; do not edit by hand. -->",
+        "`python -m ckptgw.gateway.cli.commandref > docs/commands.md`; do not edit by hand. -->",
         "",
         _cell(parser.description or "") + ". How to use them together: [usage.md](usage.md); "
         "the settings: [config.md](config.md). Every command's `--help` says the same.",

@@ -23,7 +23,7 @@ from typing import TypeVar
 import trio
 
 from ckptgw.gateway.config import Config
-from ckptgw.gateway.hostcheck import FAIL, INFO, OK, WARN, Check
+from ckptgw.gateway.doctor.hostcheck import FAIL, INFO, OK, WARN, Check
 from ckptgw.gateway.storecheck import SYNC_CLOCK, explain, what_to_fix
 from ckptgw.gateway.storeplace import (
     endpoint_on_this_node,
@@ -137,7 +137,11 @@ def _deadlines(cfg: Config) -> Deadlines:
     time is said so by the step that waited, not cut off by trio's timeout unexplained."""
     d = cfg.deadlines
     short = STEP_TIMEOUT - 1.0
-    return dataclasses.replace(d, first_byte=min(d.first_byte, short), stall=min(d.stall, short))
+    return dataclasses.replace(
+        d,
+        first_byte_timeout=min(d.first_byte_timeout, short),
+        stall_timeout=min(d.stall_timeout, short),
+    )
 
 
 def _failure(cfg: Config, e: StoreError) -> str:

@@ -1,0 +1,1 @@
+"""The command line: ``ckptgw`` and its commands, its reference and completion."""

@@ -1,0 +1,1 @@
+"""``ckptgw doctor``: the checks of the host, the store and a running gateway."""

@@ -1,0 +1,1 @@
+"""``ckptgw serve nfs``: the mount exported over NFS by NFS-Ganesha."""
