@@ -43,6 +43,7 @@ class Nodes:
     ):
         self.kind, self.gateway, self.tmp_path = kind, gateway, tmp_path
         self.proxy: FaultProxy | None = None
+        self.made: list[CheckedGateway] = []
         if kind == "file":
             self.root = tmp_path / "store"
             self.url = f"file://{self.root}"
@@ -77,7 +78,9 @@ class Nodes:
         extra = ["--config", str(cfg)]
         if self.endpoint:
             extra += ["--endpoint-url", self.endpoint]
-        return self.gateway(name, *extra, store=self.url)
+        gw = self.gateway(name, *extra, store=self.url)
+        self.made.append(gw)
+        return gw
 
     # -- the store, seen directly ----------------------------------------------------------------
 
@@ -130,7 +133,9 @@ def nodes(
 ) -> Iterator[Nodes]:
     n = Nodes(request.param, gateway, tmp_path, request)
     yield n
-    if n.proxy is not None:
+    if n.proxy is not None:  # the gateways behind it stop first (an unmount still drains)
+        for gw in n.made:
+            gw.stop()
         n.proxy.close()
 
 

@@ -7,6 +7,7 @@ import base64
 import functools
 import itertools
 import json
+import logging
 import os
 import re
 import zlib
@@ -630,6 +631,39 @@ def test_a_cancelled_s3_call_has_ended_on_the_asyncio_side_when_it_returns() -> 
     finally:
         loop.close()
     assert events == ["request ended", "cancel returned"]
+
+
+def test_a_broken_connection_in_a_task_nobody_awaits_is_no_error_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """aiohttp sends a request's body in a task of its own; when the connection breaks, that
+    task ends with the error its request already raised (and the retry place reports), and
+    nobody awaits it. asyncio would log it as an ERROR with a traceback: seen in CI when a
+    proxy went away under a draining gateway. Other errors in such tasks still are."""
+    import asyncio
+    import gc
+
+    from ckptgw.store.loopthread import LoopThread
+
+    loop = LoopThread()
+
+    async def orphans() -> None:
+        async def fails(e: BaseException) -> None:
+            raise e
+
+        for e in (ConnectionResetError("Cannot write to closing transport"), ValueError("x")):
+            asyncio.get_running_loop().create_task(fails(e))
+        await asyncio.sleep(0.05)
+        gc.collect()  # the tasks are dropped: asyncio reports what they raised
+
+    try:
+        with caplog.at_level(logging.DEBUG):
+            trio.run(loop.run, orphans)
+    finally:
+        loop.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [str(r.exc_info[1]) if r.exc_info else r.getMessage() for r in errors] == ["x"]
+    assert "Cannot write to closing transport" in caplog.text  # kept, at DEBUG
 
 
 def test_an_endpoint_is_shown_without_a_user_or_password() -> None:

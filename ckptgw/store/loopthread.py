@@ -9,14 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
 CANCEL_WAIT = 5.0  # seconds a cancelled request may take to end on the asyncio side
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def _unretrieved(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's handler of errors nobody awaited. A connection that breaks while aiohttp
+    sends a request's body also ends the task that sends it, which nobody awaits: the
+    request itself fails with the same error, and the one retry place retries it and says so.
+    That second report is logged at DEBUG, not as asyncio's ERROR with a traceback (on a
+    flaky network every reset would look like a crash in the log); anything else keeps
+    asyncio's own handling."""
+    if isinstance(context.get("exception"), ConnectionError):
+        log.debug("%s: %r", context.get("message"), context["exception"])
+        return
+    loop.default_exception_handler(context)
 
 
 class LoopThread:
@@ -24,6 +39,7 @@ class LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(_unretrieved)
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="s3-asyncio", daemon=True
         )
