@@ -336,12 +336,14 @@ class Scheduler:
     def _unqueued(self, inodes: Iterable[int]) -> list[int]:
         """Those of ``inodes`` that are neither uploading nor in the queue with a current
         entry (what :meth:`_candidates` would start)."""
-        queued = {
-            inode
-            for not_urgent, due, _, inode in self._queue
-            if self._due.get(inode) == due and (inode not in self._urgent) == not_urgent
-        }
+        queued = {entry[3] for entry in self._queue if self._current(entry)}
         return [i for i in inodes if i not in self._running and i not in queued]
+
+    def _current(self, entry: tuple[bool, float, int, int]) -> bool:
+        """Whether a queue entry still says what ``_due`` and ``_urgent`` say of its file
+        (else it is stale: the file was rescheduled, flushed or forgotten since)."""
+        not_urgent, due, _, inode = entry
+        return self._due.get(inode) == due and (inode not in self._urgent) == not_urgent
 
     def _next_due(self, now: float) -> float:
         """When a file becomes due next. Files due already and not started (their lane or
@@ -423,7 +425,7 @@ class Scheduler:
             return
         while self._queue:
             not_urgent, due, _, inode = self._queue[0]
-            if self._due.get(inode) != due or (inode not in self._urgent) != not_urgent:
+            if not self._current(self._queue[0]):
                 heapq.heappop(self._queue)  # stale: rescheduled, flushed or gone since
                 continue
             if due > now and not_urgent:
