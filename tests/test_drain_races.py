@@ -220,15 +220,15 @@ def test_a_rewrite_in_place_while_the_upload_starts_is_stored_right(tmp_path: Pa
     run(test)
 
 
+HELD = (Hold.WRITING, Hold.SYNCING)  # not quiet: a writer's release or an fsync's end reports it
+
+
 def assert_queued_or_uploading(n: Node) -> None:
     """Every dirty, quiet entry of the journal (no writer, no fsync) is uploading or has a
     current entry in the scheduler's queue (issue 47's invariant)."""
     s = n.engine.scheduler
     quiet = [i for i in n.fs.journal.dirty_files() if n.engine.look(i) not in HELD]
     assert not s._unqueued(quiet), f"dirty and quiet but not queued: {s._unqueued(quiet)}"
-
-
-HELD = (Hold.WRITING, Hold.SYNCING)
 
 
 @pytest.mark.parametrize(
